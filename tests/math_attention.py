@@ -1,0 +1,37 @@
+"""The float64 oracle for tests: attention written as plain math on a materialised mask, with
+autograd for the gradients. Deliberately naive (O(seqlen^2)) and independent of the blockwise
+reference, so the two check each other."""
+import torch
+
+from dash_plugin.kernels.philox import dropout_keep_mask
+
+
+def math_attention(q, k, v, *, causal=False, softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0,
+                   dropout_p=0.0, seed=0, batch_index=0):
+    """One sequence: q (S_q, H_q, D), k/v (S_k, H_kv, D); returns out (S_q, H_q, D), lse (H_q, S_q)."""
+    sq, hq, d = q.shape
+    sk, hkv, _ = k.shape
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    if causal:
+        window_right = 0
+    kx = k.repeat_interleave(hq // hkv, dim=1)
+    vx = v.repeat_interleave(hq // hkv, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, kx) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq)[:, None] + (sk - sq)
+    j = torch.arange(sk)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    if window_left >= 0:
+        ok &= j >= i - window_left
+    if window_right >= 0:
+        ok &= j <= i + window_right
+    s = s.masked_fill(~ok, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key give 0
+    if dropout_p > 0:
+        keep = dropout_keep_mask(seed, dropout_p, batch_index, torch.arange(hq).view(hq, 1, 1),
+                                 torch.arange(sq).view(1, sq, 1), torch.arange(sk).view(1, 1, sk))
+        p = p * keep / (1 - dropout_p)
+    out = torch.einsum("hqk,khd->qhd", p, vx)
+    return out, lse.masked_fill(torch.isneginf(lse), float("inf"))
