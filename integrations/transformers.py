@@ -1,0 +1,355 @@
+"""Hugging Face binding: ``attn_implementation="dash"``.
+
+``import dash_plugin`` calls :func:`register`, which adds two entries to transformers' global registries:
+
+- ``AttentionInterface["dash"] = dash_attention_forward``: the attention function every model layer calls;
+- ``AttentionMaskInterface["dash"] = dash_attention_mask``: the mask builder. It follows the flash-attention
+  contract: the layer receives ``None`` or a 2-D boolean padding mask (B, S_kv), never a (B, 1, S_q, S_kv)
+  tensor. Without this entry transformers silently drops the padding mask for unknown names.
+
+The attention function turns what the layer gives it into one call of :func:`dash_plugin.flash_attention`:
+
+- padded batch (2-D mask): the padding tokens are removed ("unpadded") into the varlen layout with
+  ``cu_seqlens``; the output is scattered back, padding rows are zero;
+- packed batch: ``cu_seq_lens_q/k`` + ``max_length_q/k`` (``DataCollatorWithFlattening(return_flash_attn_kwargs=
+  True)``), or ``position_ids`` that restart inside a row: each run of consecutive positions is one sequence;
+- otherwise the dense (B, S, H, D) layout. With a KV cache (decode, chunked prefill) ``S_q < S_kv`` and the
+  causal mask is aligned bottom-right, as in flash-attn.
+
+K/V are never expanded for GQA. Sliding windows, softcap, custom scaling and dropout (training only) are
+forwarded. Per-call ``deterministic=`` and ``dash_schedule=`` keywords given to ``model(...)`` reach this
+function and are forwarded; the model config goes along as ``model_config`` so its ``dash_attention`` entry
+is one of the config switch's sources.
+
+Importing transformers' modeling code costs seconds, so :func:`register` does not import it: when
+transformers is not loaded yet, it installs an import hook that registers as soon as the two registry
+modules are imported (which always happens before a model can be built).
+"""
+from __future__ import annotations
+
+import importlib.abc
+import sys
+import threading
+
+import torch
+
+__all__ = ["register", "is_registered", "dash_attention_forward", "dash_attention_mask", "NAME"]
+
+NAME = "dash"
+
+# Registry modules and the callback that registers into each. The class names are the same in
+# transformers 5.17 to 5.23.
+_ATTENTION_MODULE = "transformers.modeling_utils"
+_MASK_MODULE = "transformers.masking_utils"
+
+_lock = threading.Lock()
+
+
+# ----------------------------------------------------------------------------------------------
+# Registration
+# ----------------------------------------------------------------------------------------------
+
+def _register_attention(modeling_utils) -> None:
+    modeling_utils.AttentionInterface.register(NAME, dash_attention_forward)
+
+
+def _register_mask(masking_utils) -> None:
+    masking_utils.AttentionMaskInterface.register(NAME, dash_attention_mask)
+
+
+_CALLBACKS = {_ATTENTION_MODULE: _register_attention, _MASK_MODULE: _register_mask}
+
+
+class _RegisterOnImport(importlib.abc.MetaPathFinder):
+    """Runs a callback right after one of the registry modules has been executed.
+
+    It only wraps the loader that the other finders return, so the module itself is imported exactly
+    as without the hook. It removes itself once both modules are handled.
+    """
+
+    def __init__(self):
+        self.pending = {name for name in _CALLBACKS if name not in sys.modules}
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original_exec = loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            _CALLBACKS[fullname](module)
+            self.pending.discard(fullname)
+            if not self.pending:
+                self.uninstall()
+
+        loader.exec_module = exec_module
+        return spec
+
+    def uninstall(self):
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+
+
+_hook: _RegisterOnImport | None = None
+
+
+def register(lazy: bool = True) -> None:
+    """Register ``"dash"`` with transformers' attention and attention-mask registries (idempotent).
+
+    ``lazy=True`` (what ``import dash_plugin`` uses): registry modules already imported are registered at
+    once; the others are registered by an import hook the moment transformers imports them, so importing
+    dash_plugin does not pull in transformers' modeling code. ``lazy=False`` imports them and registers now.
+    Both write the *global* mappings (``register`` classmethods), which every model instance consults.
+    """
+    global _hook
+    with _lock:
+        if not lazy:
+            import importlib
+            for name in _CALLBACKS:
+                importlib.import_module(name)
+        for name, callback in _CALLBACKS.items():
+            module = sys.modules.get(name)
+            # A module in sys.modules may still be executing (we are called from inside its import);
+            # only register once its registry class exists.
+            if module is not None and hasattr(module, _registry_class(name)):
+                callback(module)
+        if _hook is not None:
+            _hook.uninstall()
+            _hook = None
+        if not is_registered():
+            _hook = _RegisterOnImport()
+            _hook.pending = {n for n in _CALLBACKS if not _registered_in(n)}
+            sys.meta_path.insert(0, _hook)
+
+
+def _registry_class(module_name: str) -> str:
+    return "AttentionInterface" if module_name == _ATTENTION_MODULE else "AttentionMaskInterface"
+
+
+def _registered_in(module_name: str) -> bool:
+    module = sys.modules.get(module_name)
+    registry = getattr(module, _registry_class(module_name), None) if module is not None else None
+    expected = dash_attention_forward if module_name == _ATTENTION_MODULE else dash_attention_mask
+    return registry is not None and registry._global_mapping.get(NAME) is expected
+
+
+def is_registered() -> bool:
+    """True when both global registries (already imported) hold the ``"dash"`` entries."""
+    return all(_registered_in(name) for name in _CALLBACKS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Mask function (flash-attention contract)
+# ----------------------------------------------------------------------------------------------
+
+def dash_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                        attention_mask=None, **kwargs):
+    """Mask builder registered for ``"dash"``: ``None`` or the 2-D boolean padding mask (B, kv_length).
+
+    Causality, sliding windows and packing are not encoded here: the attention function receives them as
+    ``is_causal`` / ``sliding_window`` / ``position_ids`` / ``cu_seq_lens_*`` and hands them to the kernel.
+    The mask keeps its last ``kv_length`` columns (sliding-window caches keep only the most recent keys).
+    ``None`` is returned when nothing is padded and the mask covers the keys exactly; a mask shorter than
+    the keys (static cache) is kept so that the attention function can cut the unused cache slots.
+    """
+    if attention_mask is None:
+        return None
+    mask = attention_mask[:, -kv_length:].bool()
+    if mask.shape[1] == kv_length and bool(mask.all()):
+        return None
+    return mask
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention function
+# ----------------------------------------------------------------------------------------------
+
+def _flash_attention(q, k, v, **kwargs):
+    # Looked up at call time: the public API module imports this package's siblings, and tests may
+    # replace this hook to observe the arguments.
+    from dash_plugin.api import flash_attention
+    return flash_attention(q, k, v, **kwargs)
+
+
+def dash_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                           sliding_window=None, softcap=None, is_causal=None, **kwargs):
+    """transformers attention function for ``attn_implementation="dash"``.
+
+    query (B, H_q, S_q, D), key/value (B, H_kv, S_kv, D) as the layers give them (K/V not GQA-expanded);
+    ``attention_mask`` is ``None`` or a 2-D boolean padding mask from :func:`dash_attention_mask`.
+    Returns ``(out (B, S_q, H_q, D_v), None)``: no attention weights.
+    """
+    _reject_unsupported(attention_mask, kwargs)
+    batch, _, q_len, head_dim = query.shape
+    q = query.transpose(1, 2)
+    k = key.transpose(1, 2)
+    v = value.transpose(1, 2)
+
+    # The kernels need one head dim for q, k and v; a narrower value head (e.g. MLA) is zero-padded and
+    # the padded output columns are cut again below.
+    v_head_dim = v.shape[-1]
+    if v_head_dim != head_dim:
+        if v_head_dim > head_dim:
+            raise ValueError(f"dash attention: value head dim {v_head_dim} is larger than the query/key head "
+                             f"dim {head_dim}; only value head dims <= the query head dim are supported")
+        v = torch.nn.functional.pad(v, (0, head_dim - v_head_dim))
+
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    call = dict(
+        causal=causal,
+        softmax_scale=scaling,
+        window=_window(sliding_window, causal, key_length=k.shape[1]),
+        softcap=float(softcap) if softcap else 0.0,
+        # Models pass their configured dropout in eval mode too (some do not check training): the layer's
+        # mode decides, as for torch's own dropout.
+        dropout_p=float(dropout) if getattr(module, "training", False) else 0.0,
+        schedule=kwargs.get("dash_schedule"),
+        deterministic=kwargs.get("deterministic"),
+        model_config=getattr(module, "config", None),
+    )
+
+    if attention_mask is not None:
+        out = _padded_forward(q, k, v, attention_mask, call)
+    elif all(kwargs.get(n) is not None for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")):
+        out = _varlen_forward(q, k, v, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
+                              kwargs["max_length_q"], kwargs["max_length_k"], call)
+    else:
+        packed = _packed_from_position_ids(kwargs.get("position_ids"), batch, q_len)
+        if packed is not None:
+            if k.shape[1] != q_len:
+                raise ValueError(f"dash attention: packed sequences (position_ids restarting inside a row) need "
+                                 f"as many keys as queries, got {q_len} queries and {k.shape[1]} keys (a KV "
+                                 f"cache with packing is not supported)")
+            cu_seqlens, max_seqlen = packed
+            out = _varlen_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, call)
+        else:
+            out = _flash_attention(q, k, v, **call)
+
+    if v_head_dim != head_dim:
+        out = out[..., :v_head_dim]
+    return out.contiguous(), None
+
+
+def _reject_unsupported(attention_mask, kwargs):
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("dash attention does not support attention sinks (`s_aux`, e.g. gpt-oss); "
+                                  "use attn_implementation='eager' for this model")
+    cache = kwargs.get("cache")
+    if cache is not None and type(cache).__name__ == "PagedAttentionCache":
+        raise NotImplementedError("dash attention does not support paged caches (continuous batching); "
+                                  "use generate() with the default dynamic cache")
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2):
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+        raise ValueError(
+            f"dash attention accepts only a 2-D padding mask (batch, kv_len) of 1 = token / 0 = padding, got "
+            f"attention_mask of shape {shape}. Custom 4-D masks are not supported: express padding with a 2-D "
+            f"mask, packing with position_ids or cu_seq_lens_q/k, windows with the model's sliding_window, or "
+            f"use attn_implementation='sdpa' / 'eager' for arbitrary masks")
+
+
+def _window(sliding_window, causal, key_length):
+    """HF sliding window W (a query sees itself and W-1 earlier keys) -> flash-attn (left, right).
+
+    Applied only when there are more than W keys; with fewer it changes nothing (as transformers'
+    flash path). A bidirectional layer gets the symmetric window (W-1, W-1).
+    """
+    if sliding_window is None or key_length <= sliding_window:
+        return (-1, -1)
+    w = int(sliding_window)
+    if w < 1:
+        raise ValueError(f"dash attention: sliding_window must be >= 1, got {sliding_window}")
+    return (w - 1, 0) if causal else (w - 1, w - 1)
+
+
+def _gather_tokens(x, indices):
+    """(B, S, H, D) -> (T, H, D): the tokens at flat positions ``indices`` (backward: scatter, no atomics)."""
+    return x.reshape(-1, *x.shape[2:])[indices]
+
+
+def _scatter_tokens(x, indices, batch, seqlen):
+    """(T, H, D) -> (B, S, H, D) with zeros where no token goes (the inverse of :func:`_gather_tokens`)."""
+    out = x.new_zeros(batch * seqlen, *x.shape[1:])
+    out[indices] = x
+    return out.view(batch, seqlen, *x.shape[1:])
+
+
+def _cu_seqlens(lengths):
+    return torch.nn.functional.pad(torch.cumsum(lengths, 0, dtype=torch.int32), (1, 0))
+
+
+def _padded_forward(q, k, v, mask, call):
+    """2-D padding mask: drop the padding tokens, run varlen, put the outputs back in place.
+
+    The mask covers the keys. A mask shorter than the keys means a static cache whose tail slots are
+    unused: they are cut. The queries are the last ``S_q`` key positions (true with any KV cache), so
+    their mask is the mask's last ``S_q`` columns; bottom-right causal alignment then holds per sequence
+    for left padding (generation) and for right padding without a cache (training).
+    """
+    batch, q_len = q.shape[:2]
+    mask = mask.bool()
+    if mask.shape[0] != batch:
+        raise ValueError(f"dash attention: attention_mask has batch size {mask.shape[0]}, the queries {batch}")
+    kv_len = mask.shape[1]
+    if kv_len < q_len or kv_len > k.shape[1]:
+        raise ValueError(f"dash attention: attention_mask covers {kv_len} positions; it must cover the keys "
+                         f"({k.shape[1]}) and at least the queries ({q_len})")
+    if k.shape[1] > kv_len:
+        k, v = k[:, :kv_len], v[:, :kv_len]
+    mask_q = mask[:, -q_len:]
+
+    idx_k = torch.nonzero(mask.reshape(-1)).flatten()
+    idx_q = idx_k if q_len == kv_len else torch.nonzero(mask_q.reshape(-1)).flatten()
+    len_k = mask.sum(-1, dtype=torch.int32)
+    len_q = len_k if q_len == kv_len else mask_q.sum(-1, dtype=torch.int32)
+    out = _flash_attention(
+        _gather_tokens(q, idx_q), _gather_tokens(k, idx_k), _gather_tokens(v, idx_k),
+        cu_seqlens_q=_cu_seqlens(len_q), cu_seqlens_k=_cu_seqlens(len_k),
+        max_seqlen_q=int(len_q.max()), max_seqlen_k=int(len_k.max()), **call)
+    return _scatter_tokens(out, idx_q, batch, q_len)
+
+
+def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, call):
+    """Already packed (B rows flattened to one token axis): run varlen and restore (B, S_q, H, D)."""
+    batch, q_len = q.shape[:2]
+    out = _flash_attention(
+        q.reshape(-1, *q.shape[2:]), k.reshape(-1, *k.shape[2:]), v.reshape(-1, *v.shape[2:]),
+        cu_seqlens_q=cu_seqlens_q.to(torch.int32), cu_seqlens_k=cu_seqlens_k.to(torch.int32),
+        max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), **call)
+    return out.view(batch, q_len, *out.shape[1:])
+
+
+def _packed_from_position_ids(position_ids, batch, q_len):
+    """``(cu_seqlens, max_seqlen)`` when ``position_ids`` mark several sequences, else ``None``.
+
+    A sequence is a run of consecutive positions (each one more than the one before), and every row
+    starts a new one, so a row with a restart (``[0 1 2 0 1 ...]``) is split and rows of plain
+    ``arange`` positions stay whole (then the dense path is used). Only 2-D position ids are read
+    (multimodal rope ids with extra leading axes are left alone).
+    """
+    if position_ids is None or not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or q_len < 2:
+        return None
+    if position_ids.shape[-1] != q_len or position_ids.shape[0] not in (1, batch):
+        return None
+    pos = position_ids.expand(batch, q_len)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    if not bool(starts[:, 1:].any()):
+        return None
+    start_idx = torch.nonzero(starts.reshape(-1)).flatten().to(torch.int32)
+    total = torch.tensor([batch * q_len], dtype=torch.int32, device=pos.device)
+    cu_seqlens = torch.cat([start_idx, total])
+    max_seqlen = int(cu_seqlens.diff().max())
+    return cu_seqlens, max_seqlen
