@@ -1,0 +1,188 @@
+"""Pieces shared by the Triton forward and backward: host-side shape handling and small
+device functions (mask, softcap, dropout).
+
+Layouts (docs/INTERNALS.md): dense ``q (B, S, H, D)``, varlen ``q (T, H, D)`` with
+``cu_seqlens``. Both are handed to the kernels the same way: a 4-D view ``(B', S', H, D)``
+with its strides plus a per-sequence start row. Dense: start 0, batch stride as is. Varlen:
+the packed tensor is one "batch" of T rows (batch stride 0) and sequence ``b`` starts at row
+``cu_seqlens[b]``. ``lse``/``delta`` follow the same rule with ``(B, H, S)`` / ``(H, T)``.
+"""
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@dataclass
+class Problem:
+    """Shape facts of one attention call, in the kernels' terms."""
+    varlen: bool
+    batch: int                 # number of sequences
+    heads_q: int
+    heads_kv: int
+    head_dim: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    seqlens_q: list            # per sequence (dense: one entry repeated)
+    seqlens_k: list
+    cu_q: torch.Tensor         # int32 (B+1,) on the device; dense: arange * S
+    cu_k: torch.Tensor
+
+    @property
+    def group(self) -> int:
+        return self.heads_q // self.heads_kv
+
+
+def _check_cu(name, cu, total, device):
+    if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be a 1-D int32 tensor of B+1 offsets, got dtype={cu.dtype}, "
+                         f"shape={tuple(cu.shape)}")
+    if cu.device != device:
+        raise ValueError(f"{name} is on {cu.device}, the inputs on {device}")
+
+
+def problem(q, k, v, cu_seqlens_q, cu_seqlens_k) -> Problem:
+    varlen = cu_seqlens_q is not None
+    if varlen != (cu_seqlens_k is not None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
+    want = 3 if varlen else 4
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != want:
+            raise ValueError(f"{name} must be {want}-D ({'varlen (T, H, D)' if varlen else 'dense (B, S, H, D)'}), "
+                             f"got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in the head dim (stride(-1)=1), got {t.stride()}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    hq, d = q.shape[-2], q.shape[-1]
+    hkv = k.shape[-2]
+    if k.shape[-1] != d:
+        raise ValueError(f"q and k must share the head dim, got {d} and {k.shape[-1]}")
+    if hq % hkv != 0:
+        raise ValueError(f"heads of q ({hq}) must be a multiple of heads of k/v ({hkv})")
+    if varlen:
+        _check_cu("cu_seqlens_q", cu_seqlens_q, q.shape[0], q.device)
+        _check_cu("cu_seqlens_k", cu_seqlens_k, k.shape[0], q.device)
+        if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+            raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.numel()} entries, cu_seqlens_k "
+                             f"{cu_seqlens_k.numel()}: both must be B+1")
+        # One host sync per call: the launch grid and the schedule tables need the lengths.
+        cq = cu_seqlens_q.tolist()
+        ck = cu_seqlens_k.tolist()
+        lq = [b - a for a, b in zip(cq, cq[1:])]
+        lk = [b - a for a, b in zip(ck, ck[1:])]
+        if cq[0] != 0 or ck[0] != 0 or min(lq) < 0 or min(lk) < 0:
+            raise ValueError("cu_seqlens_q/k must start at 0 and be non-decreasing")
+        if cq[-1] > q.shape[0] or ck[-1] > k.shape[0]:
+            raise ValueError(f"cu_seqlens end at {cq[-1]}/{ck[-1]} but q/k hold {q.shape[0]}/{k.shape[0]} rows")
+        return Problem(True, len(lq), hq, hkv, d, max(lq), max(lk), lq, lk, cu_seqlens_q, cu_seqlens_k)
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
+    b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
+    ar = torch.arange(b + 1, device=q.device, dtype=torch.int32)
+    return Problem(False, b, hq, hkv, d, sq, sk, [sq] * b, [sk] * b, ar * 0, ar * 0)
+
+
+def as4d(t: torch.Tensor, varlen: bool) -> torch.Tensor:
+    """(T, H, D) -> (1, T, H, D); dense tensors unchanged."""
+    return t.unsqueeze(0) if varlen else t
+
+
+def strides4(t: torch.Tensor, varlen: bool):
+    """(batch, row, head, dim) strides; the batch stride is 0 for packed varlen tensors."""
+    s = as4d(t, varlen).stride()
+    return (0 if varlen else s[0]), s[1], s[2]
+
+
+def stats_strides(t: torch.Tensor, varlen: bool):
+    """(batch, head, row) strides of lse/delta: (B, H, S) dense, (H, T) varlen."""
+    if varlen:
+        return 0, t.stride(0), t.stride(1)
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+# ---------------------------------------------------------------- device functions
+
+@triton.jit
+def seq_bounds(cu_ptr, b, seqlen_dense, VARLEN: tl.constexpr):
+    """(first row, length) of sequence b."""
+    if VARLEN:
+        start = tl.load(cu_ptr + b)
+        end = tl.load(cu_ptr + b + 1)
+        return start, end - start
+    else:
+        return b * 0, seqlen_dense + b * 0
+
+
+@triton.jit
+def visible(rows, cols, seqlen_q, seqlen_k, window_left, window_right,
+            HAS_WL: tl.constexpr, HAS_WR: tl.constexpr):
+    """Mask of docs/INTERNALS.md: bottom-right aligned window, inside both sequences.
+    The window sizes are runtime values (no recompile per size); HAS_* say whether they apply."""
+    shift = seqlen_k - seqlen_q
+    ok = (rows[:, None] < seqlen_q) & (cols[None, :] < seqlen_k)
+    if HAS_WL:
+        ok = ok & (cols[None, :] >= rows[:, None] + shift - window_left)
+    if HAS_WR:
+        ok = ok & (cols[None, :] <= rows[:, None] + shift + window_right)
+    return ok
+
+
+@triton.jit
+def tanh(x):
+    """tanh from exp2 (libdevice is unavailable in the interpreter); accurate near 0 too."""
+    e = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def dropout_keep(seed, rows, cols, head, batch, threshold):
+    """keep iff (philox(seed, col, row, head, batch)[0] >> 8) >= threshold (uint32 counters)."""
+    zero = tl.zeros([rows.shape[0], cols.shape[0]], dtype=tl.int32)
+    c0 = zero + cols[None, :]
+    c1 = zero + rows[:, None]
+    c2 = zero + head
+    c3 = zero + batch
+    w0, _, _, _ = tl.philox(seed, c0, c1, c2, c3)
+    # w0 >> 8 is below 2**24, so the compare is exact in int32.
+    return (w0 >> 8).to(tl.int32) >= threshold
+
+
+@triton.jit
+def col_range(m_start, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M: tl.constexpr,
+              HAS_WL: tl.constexpr, HAS_WR: tl.constexpr):
+    """Key columns [lo, hi) that rows [m_start, m_start + BLOCK_M) can see."""
+    shift = seqlen_k - seqlen_q
+    lo = m_start * 0
+    hi = seqlen_k + m_start * 0
+    if HAS_WL:
+        lo = tl.maximum(lo, m_start + shift - window_left)
+    if HAS_WR:
+        last_row = tl.minimum(m_start + BLOCK_M, seqlen_q) - 1
+        hi = tl.minimum(hi, last_row + shift + window_right + 1)
+    return lo, hi
+
+
+@triton.jit
+def row_range(n_start, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N: tl.constexpr,
+              HAS_WL: tl.constexpr, HAS_WR: tl.constexpr):
+    """Query rows [lo, hi) that see at least one of columns [n_start, n_start + BLOCK_N)."""
+    shift = seqlen_k - seqlen_q
+    lo = n_start * 0
+    hi = seqlen_q + n_start * 0
+    if HAS_WR:
+        lo = tl.maximum(lo, n_start - shift - window_right)
+    if HAS_WL:
+        last_col = tl.minimum(n_start + BLOCK_N, seqlen_k) - 1
+        hi = tl.minimum(hi, last_col - shift + window_left + 1)
+    return lo, hi
