@@ -1,0 +1,5 @@
+import sys
+
+from dash_plugin.repro.cli import main
+
+sys.exit(main())

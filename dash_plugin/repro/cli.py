@@ -1,0 +1,231 @@
+"""`dash-repro`: prove that two training runs give identical bits (or show where they do not).
+
+    dash-repro demo                         tiny model twice on the CPU (+ the atomic schedule on a GPU)
+    dash-repro run --size tiny --steps 30   the same training twice, in separate processes, then compare
+    dash-repro compare RUN_A RUN_B          the first step where two runs differ, and which tensors
+    dash-repro plot RUN_A RUN_B -o loss.png both loss curves and their difference
+
+Exit code: 0 when the runs are bit-identical, 1 when they differ, 2 on bad input or a failed run.
+Also runs as `python -m dash_plugin.repro`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dash_plugin.repro.compare import compare_runs
+
+SCRIPT_ENV = "DASH_REPRO_SCRIPT"
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def find_script(explicit: str | None = None) -> Path:
+    """The training script: --script, else $DASH_REPRO_SCRIPT, else examples/train_accelerate.py of the
+    checkout this package lives in (an editable or source install)."""
+    import dash_plugin
+
+    candidates = [explicit, os.environ.get(SCRIPT_ENV),
+                  Path(dash_plugin.__file__).resolve().parent.parent / "examples" / "train_accelerate.py"]
+    for c in candidates:
+        if c and Path(c).is_file():
+            return Path(c)
+    raise RunFailed(f"cannot find the training script: pass --script PATH or set {SCRIPT_ENV} "
+                    f"(looked for {candidates[-1]})")
+
+
+def _steps_in(train_args: list[str]) -> int:
+    """The --steps the training script will run (its default is 30)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--stop-at", type=int, default=None)
+    known, _ = p.parse_known_args(train_args)
+    return known.stop_at or known.steps
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, parallel: bool = False,
+                 desc: str = "") -> None:
+    """Run the training script once per output directory, with identical arguments, showing progress.
+
+    Each run is a fresh Python process (nothing cached in memory is shared), with its output in
+    OUT/train.log. Raises RunFailed with the log's tail if a run fails.
+    """
+    from tqdm import tqdm
+
+    if "--out" in train_args:
+        raise RunFailed("do not pass --out to the training: dash-repro chooses one directory per run")
+    total = _steps_in(train_args)
+    env = dict(os.environ)
+    env.setdefault("PYTHONHASHSEED", "0")  # the same string hashing in every run
+    bars = [tqdm(total=total, desc=f"{desc}{d.name}", unit="step", position=i, leave=True, dynamic_ncols=True)
+            for i, d in enumerate(out_dirs)]
+    pending = list(enumerate(out_dirs))
+    running: list[tuple[int, Path, subprocess.Popen, object]] = []
+    try:
+        while pending or running:
+            while pending and (parallel or not running):
+                i, d = pending.pop(0)
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "steps.jsonl").unlink(missing_ok=True)
+                log = open(d / "train.log", "w")
+                cmd = [sys.executable, str(script), *train_args, "--out", str(d)]
+                log.write("$ " + " ".join(cmd) + "\n")
+                log.flush()
+                running.append((i, d, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+            time.sleep(0.2)
+            for item in list(running):
+                i, d, proc, log = item
+                bars[i].n = min(total, _count_lines(d / "steps.jsonl"))
+                bars[i].refresh()
+                if proc.poll() is not None:
+                    log.close()
+                    running.remove(item)
+                    if proc.returncode != 0:
+                        tail = "".join((d / "train.log").read_text().splitlines(True)[-25:])
+                        raise RunFailed(f"training run {d} failed (exit {proc.returncode}); "
+                                        f"end of {d / 'train.log'}:\n{tail}")
+    finally:
+        for _, _, proc, log in running:  # only our own children, on an error or Ctrl-C
+            proc.kill()
+            proc.wait()
+            log.close()
+        for b in bars:
+            b.close()
+
+
+def run_twice(train_args, out: Path, *, script: Path, parallel: bool = False, desc: str = ""):
+    dirs = [out / "run1", out / "run2"]
+    run_training(list(train_args), dirs, script=script, parallel=parallel, desc=desc)
+    return compare_runs(dirs[0], dirs[1])
+
+
+# --- subcommands ---------------------------------------------------------------------------------------
+
+def cmd_run(args, train_args) -> int:
+    script = find_script(args.script)
+    cmp = run_twice(train_args, Path(args.out), script=script, parallel=args.parallel)
+    print(cmp.report())
+    if args.plot:
+        from dash_plugin.repro.plot import plot_runs
+
+        png = plot_runs(cmp.run_a, cmp.run_b, Path(args.out) / "loss.png")
+        print(f"plot: {png}")
+    return 0 if cmp.identical else 1
+
+
+def cmd_compare(args) -> int:
+    cmp = compare_runs(args.run_a, args.run_b)
+    print(cmp.report() if args.verbose else "\n".join([*("note: " + n for n in cmp.notes), cmp.verdict()]))
+    return 0 if cmp.identical else 1
+
+
+def cmd_plot(args) -> int:
+    from dash_plugin.repro.plot import plot_runs
+
+    png = plot_runs(args.run_a, args.run_b, args.output)
+    print(f"plot: {png}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    import torch
+
+    from dash_plugin.repro.plot import plot_runs
+
+    script = find_script(args.script)
+    out = Path(args.out)
+    cuda = torch.cuda.is_available() and not args.cpu
+    base = ["--size", "tiny", "--steps", str(args.steps), "--attn", args.attn]
+    print(f"dash-repro demo: {'GPU ' + torch.cuda.get_device_name() if cuda else 'CPU'}; outputs in {out}")
+    print(f"1) the same training twice ({' '.join(base)}), each in a fresh process")
+    det = run_twice(base + ([] if cuda else ["--cpu"]), out / "tiny", script=script, desc="tiny ")
+    print(det.report())
+    png = plot_runs(det.run_a, det.run_b, out / "tiny.png", title="tiny model, two runs: identical bits")
+    print(f"plot: {png}")
+    ok = det.identical
+    if cuda:
+        # Atomic dQ adds reorder only with 3+ contributions per tile: a longer sequence gives many KV tiles.
+        gpu = ["--size", "small", "--seq-len", "1024", "--steps", str(args.steps), "--attn", args.attn]
+        print(f"2) a deterministic schedule on the GPU ({' '.join(gpu)}), twice")
+        det_gpu = run_twice(gpu, out / "gpu-deterministic", script=script, desc="deterministic ")
+        print(det_gpu.verdict())
+        ok = ok and det_gpu.identical
+        print("3) the same with the nondeterministic `atomic` schedule (expected to diverge), twice")
+        atomic = run_twice(gpu + ["--schedule", "atomic"], out / "gpu-atomic", script=script, desc="atomic ")
+        print(atomic.report())
+        png = plot_runs(atomic.run_a, atomic.run_b, out / "gpu-atomic.png",
+                        title="atomic schedule, two runs: the bits drift apart")
+        print(f"plot: {png}")
+        if atomic.identical:
+            print("note: the atomic runs happened to agree this time; atomic adds may, not must, reorder")
+        else:
+            print(f"the check can fail: atomic runs first differ at step {atomic.first.step if atomic.first else '?'}")
+    print(("DEMO PASSED: " if ok else "DEMO FAILED: ") + det.verdict())
+    return 0 if ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dash-repro", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run the same training twice and compare (other options go to the training)")
+    r.add_argument("--out", default="dash-repro-run", help="directory for run1/ and run2/ (default %(default)s)")
+    r.add_argument("--script", default=None, help="training script (default: examples/train_accelerate.py)")
+    r.add_argument("--parallel", action="store_true", help="run both at once (give each --threads on the CPU)")
+    r.add_argument("--plot", action="store_true", help="also write OUT/loss.png")
+    c = sub.add_parser("compare", help="first step and tensors where two runs differ")
+    c.add_argument("run_a")
+    c.add_argument("run_b")
+    c.add_argument("-v", "--verbose", action="store_true", help="full report: every differing tensor by layer")
+    pl = sub.add_parser("plot", help="both loss curves and their difference, as a PNG")
+    pl.add_argument("run_a")
+    pl.add_argument("run_b")
+    pl.add_argument("-o", "--output", default="loss.png")
+    d = sub.add_parser("demo", help="one command: identical runs on the CPU; on a GPU also the atomic schedule")
+    d.add_argument("--out", default="dash-repro-demo")
+    d.add_argument("--steps", type=int, default=30)
+    d.add_argument("--attn", default="dash")
+    d.add_argument("--cpu", action="store_true", help="stay on the CPU even with a GPU")
+    d.add_argument("--script", default=None)
+    return p
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if argv and argv[0] == "run":
+        args, train_args = parser.parse_known_args(argv)
+        if train_args and train_args[0] == "--":
+            train_args = train_args[1:]
+    else:
+        args, train_args = parser.parse_args(argv), []
+    try:
+        if args.command == "run":
+            return cmd_run(args, train_args)
+        if args.command == "compare":
+            return cmd_compare(args)
+        if args.command == "plot":
+            return cmd_plot(args)
+        return cmd_demo(args)
+    except (RunFailed, FileNotFoundError, ValueError) as e:
+        print(f"dash-repro {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

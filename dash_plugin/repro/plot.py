@@ -1,0 +1,44 @@
+"""Loss curves of two runs overlaid, and their difference (B - A), as a PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dash_plugin.repro.fingerprint import from_exact, read_jsonl
+
+
+def plot_runs(run_a, run_b, out_png, *, labels=("run A", "run B"), title=None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: works without a display
+    import matplotlib.pyplot as plt
+
+    a = read_jsonl(Path(run_a) / "steps.jsonl")
+    b = read_jsonl(Path(run_b) / "steps.jsonl")
+    if not a or not b:
+        raise ValueError(f"nothing to plot: {run_a} has {len(a)} steps, {run_b} has {len(b)}")
+    sa, la = [r["step"] for r in a], [from_exact(r["loss"]) for r in a]
+    sb, lb = [r["step"] for r in b], [from_exact(r["loss"]) for r in b]
+    common = min(len(a), len(b))
+    diff = [lb[i] - la[i] for i in range(common)]
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [2, 1]})
+    top.plot(sa, la, label=labels[0], lw=2.5, alpha=0.6)
+    top.plot(sb, lb, label=labels[1], lw=1.2, ls="--")
+    top.set_ylabel("training loss")
+    top.legend()
+    top.set_title(title or "loss of two runs")
+    bottom.plot(sa[:common], diff, color="C3", marker=".", lw=1)
+    bottom.axhline(0.0, color="k", lw=0.5)
+    bottom.set_ylabel("loss B - A")
+    bottom.set_xlabel("step")
+    n_diff = sum(d != 0.0 for d in diff)
+    peak = max((abs(d) for d in diff), default=0.0)
+    bottom.set_title(f"{n_diff} of {common} steps differ; max |difference| {peak:.3g}", fontsize=9)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png

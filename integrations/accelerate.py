@@ -1,0 +1,130 @@
+"""Deterministic training set-up in one call, for Accelerate (and plain PyTorch) training loops.
+
+Two runs of a training script give the same bits only when every source of run-to-run variation is pinned:
+the seeds, the kernels PyTorch picks, the cuBLAS workspace, the order of the data and the seeds of the
+dataloader workers. `setup_deterministic_training(seed)` pins all of them and returns a record of what it set,
+so a training log can show it:
+
+    setup = setup_deterministic_training(seed=0)
+    print(setup.summary())
+    accelerator = Accelerator(dataloader_config=setup.dataloader_config)
+    loader = DataLoader(ds, shuffle=True, worker_init_fn=setup.worker_init_fn, generator=setup.generator())
+
+What it cannot pin (the caller's job): the hardware, driver and library versions, the world size, NCCL's
+algorithm choice on several GPUs (pin `NCCL_ALGO`), the number of CPU threads (CPU reductions may split work by
+thread count) and `torch.compile`'s autotuning (`torch._inductor.config.deterministic`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+# ":4096:8" is one of the two values cuBLAS documents for reproducible results (the other is ":16:8");
+# the larger one keeps cuBLAS fast.
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+def seed_worker(worker_id: int) -> None:
+    """`worker_init_fn` for DataLoader workers: seed Python's and NumPy's RNGs from the worker's torch seed.
+
+    PyTorch seeds each worker's torch RNG with base_seed + worker_id (base_seed drawn from the loader's
+    generator), but leaves `random` and `numpy` alone, so a dataset that uses them would differ per run.
+    """
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+@dataclass
+class DeterministicSetup:
+    """What `setup_deterministic_training` set, and the objects a training loop needs from it."""
+
+    seed: int
+    settings: dict[str, str] = field(default_factory=dict)  # what -> value, in the order they were set
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def dataloader_config(self):
+        """Accelerate `DataLoaderConfiguration` with the seedable sampler on.
+
+        With it, `accelerator.prepare(loader)` replaces a shuffling loader's RandomSampler by a
+        SeedableRandomSampler whose permutation for epoch e is a function of (seed + e) only: the data
+        order no longer depends on how much of the global RNG the run consumed before.
+        """
+        from accelerate import DataLoaderConfiguration
+
+        return DataLoaderConfiguration(use_seedable_sampler=True, data_seed=self.seed)
+
+    @property
+    def worker_init_fn(self):
+        return seed_worker
+
+    def generator(self) -> torch.Generator:
+        """A CPU generator seeded with the run's seed, for `DataLoader(generator=...)`.
+
+        The loader draws its workers' base seed from it instead of from the global RNG, so creating a
+        loader iterator (one per epoch, and again on resume) leaves the global RNG untouched.
+        """
+        g = torch.Generator()
+        g.manual_seed(self.seed)
+        return g
+
+    def summary(self) -> str:
+        lines = [f"deterministic training set-up (seed {self.seed}):"]
+        lines += [f"  {k} = {v}" for k, v in self.settings.items()]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def setup_deterministic_training(seed: int = 0, *, warn_only: bool = False,
+                                 set_env: bool = True) -> DeterministicSetup:
+    """Pin every source of run-to-run variation this process controls, and say what was set.
+
+    Args:
+        seed: the seed for Python, NumPy, torch (CPU and all GPUs) and the data order.
+        warn_only: passed to `torch.use_deterministic_algorithms`; False makes an op with no deterministic
+            implementation raise instead of silently running nondeterministically.
+        set_env: set CUBLAS_WORKSPACE_CONFIG and PYTHONHASHSEED (inherited by child processes and
+            dataloader workers). An existing value is kept and reported.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed={seed!r} is not allowed; pass an int in [0, 2**63)")
+    setup = DeterministicSetup(seed=seed)
+    s = setup.settings
+
+    if set_env:
+        # cuBLAS reads this when it creates its first handle; later changes have no effect.
+        if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+        s["env CUBLAS_WORKSPACE_CONFIG"] = os.environ["CUBLAS_WORKSPACE_CONFIG"]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            setup.warnings.append("CUDA was initialised before the set-up; CUBLAS_WORKSPACE_CONFIG only takes "
+                                  "effect if no cuBLAS handle exists yet (call this first)")
+        # Only child processes see it (string hashing of this process is fixed at start-up).
+        os.environ.setdefault("PYTHONHASHSEED", str(seed % 2**32))
+        s["env PYTHONHASHSEED (children)"] = os.environ["PYTHONHASHSEED"]
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    s["seeds"] = f"random, numpy, torch (cpu{', cuda' if torch.cuda.is_available() else ''}) = {seed}"
+
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    s["torch.use_deterministic_algorithms"] = f"True (warn_only={warn_only})"
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False  # benchmarking picks algorithms by timing: never the same twice
+    s["cudnn.deterministic / cudnn.benchmark"] = "True / False"
+
+    s["dataloader sampler"] = f"accelerate SeedableRandomSampler, data_seed = {seed} (use .dataloader_config)"
+    s["dataloader workers"] = "seed_worker seeds random/numpy from torch.initial_seed() (use .worker_init_fn)"
+    s["dataloader generator"] = f"torch.Generator seeded {seed} (use .generator())"
+    # Not set, but part of the bits on the CPU: reported so two logs can be compared.
+    s["torch threads (not changed)"] = str(torch.get_num_threads())
+    return setup
