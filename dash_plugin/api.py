@@ -1,0 +1,72 @@
+"""The public entry point: ``dash_plugin.flash_attention``."""
+import math
+
+import torch
+
+from . import checks, config, ops  # noqa: F401  (ops registers torch.ops.dash.*)
+
+
+def _concrete_schedule(resolved: config.ResolvedConfig, *, causal, head_dim, seqlen_q, seqlen_k, window, varlen):
+    if resolved.schedule != "auto":
+        return resolved.schedule
+    from .schedules.auto import choose_schedule
+    return choose_schedule(causal=causal, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                           window_left=window[0], window_right=window[1], varlen=varlen)
+
+
+def _draw_seed() -> int:
+    # From the default CPU generator: torch.manual_seed(s) fixes it, and no device sync is needed.
+    return int(torch.randint(0, 2 ** 62, (1,)).item())
+
+
+def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0, dropout_p=0.0,
+                    dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                    schedule=None, deterministic=None, model_config=None, return_lse=False):
+    """Attention with a deterministic backward, in the flash-attn layout.
+
+    Dense: ``q (B, S_q, H_q, D)``, ``k, v (B, S_k, H_kv, D)``. Varlen: ``q (T_q, H_q, D)``,
+    ``k, v (T_k, H_kv, D)`` with int32 ``cu_seqlens_q/k`` of shape ``(B + 1,)``. ``H_q`` must be a
+    multiple of ``H_kv`` (GQA/MQA; K/V are never expanded). Causal masks are bottom-right aligned
+    when ``S_q != S_k``; ``window=(left, right)`` limits keys to ``[i - left, i + right]`` around
+    the diagonal (-1: unbounded); ``softcap > 0`` applies ``softcap * tanh(s / softcap)``.
+
+    ``schedule`` / ``deterministic`` override the config switch (see ``dash_plugin.config``);
+    ``model_config`` lets a Hugging Face config's ``dash_attention`` entry take part.
+    Dropout draws its seed from torch's default generator unless ``dropout_seed`` is given.
+
+    Returns ``out`` (like ``q``), or ``(out, lse)`` with ``return_lse=True``; ``lse`` is fp32
+    ``(B, H_q, S_q)``, varlen ``(H_q, T_q)``.
+    """
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    checks.check_tensors(q, k, v, varlen)
+    left, right = checks.check_window(window, causal)
+    checks.check_scalars(softcap, dropout_p, softmax_scale)
+    if varlen:
+        if cu_seqlens_q is None or cu_seqlens_k is None:
+            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen), or neither (dense)")
+        longest_q = checks.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+        longest_k = checks.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch=cu_seqlens_q.numel() - 1)
+        for name, given, longest in (("max_seqlen_q", max_seqlen_q, longest_q), ("max_seqlen_k", max_seqlen_k, longest_k)):
+            if given is not None and given < longest:
+                raise ValueError(f"{name}={given} is smaller than the longest sequence ({longest})")
+        max_seqlen_q = longest_q if max_seqlen_q is None else int(max_seqlen_q)
+        max_seqlen_k = longest_k if max_seqlen_k is None else int(max_seqlen_k)
+    else:
+        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+
+    resolved = config.resolve_config(schedule=schedule, deterministic=deterministic, model_config=model_config)
+    concrete = _concrete_schedule(resolved, causal=causal, head_dim=q.shape[-1], seqlen_q=max_seqlen_q,
+                                  seqlen_k=max_seqlen_k, window=(left, right), varlen=varlen)
+    config._remember(config.ResolvedConfig(resolved.schedule, resolved.deterministic, resolved.schedule_source,
+                                           resolved.deterministic_source, concrete))
+
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
+    seed = 0
+    if dropout_p > 0:
+        seed = _draw_seed() if dropout_seed is None else int(dropout_seed)
+    # Kernels need the head dim contiguous; other strides they take as they are.
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out, lse = torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                                  bool(causal), left, right, float(softcap), float(dropout_p), seed, concrete,
+                                  resolved.deterministic)
+    return (out, lse) if return_lse else out

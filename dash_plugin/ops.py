@@ -1,0 +1,105 @@
+"""``torch.ops.dash.fwd`` / ``torch.ops.dash.bwd``: the custom ops behind the public API.
+
+They are opaque to torch.compile (fake implementations give the shapes), so a compiled model
+calls exactly the same kernels as an eager one. The backward-only knobs (schedule,
+deterministic) are forward arguments: ``register_autograd`` only sees forward inputs.
+
+Device dispatch: CUDA half-precision inputs run the Triton kernels; everything else (CPU, fp32,
+fp64, or a CUDA machine without Triton) runs the plain-PyTorch reference.
+"""
+import functools
+import warnings
+from typing import Optional
+
+import torch
+
+from dash_plugin.kernels import reference
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_kernels():
+    """The Triton forward/backward modules, or None where they cannot run."""
+    try:
+        from dash_plugin.kernels import attn_bwd, attn_fwd
+    except Exception as exc:  # no triton, or kernels not importable on this stack
+        warnings.warn(f"dash_plugin: Triton kernels unavailable ({exc!r}); CUDA calls use the reference path")
+        return None
+    return attn_fwd, attn_bwd
+
+
+def _backend(t: torch.Tensor):
+    """Kernel module pair to use for tensor ``t`` (None: the reference)."""
+    if t.is_cuda and t.dtype in _KERNEL_DTYPES:
+        return _triton_kernels()
+    return None
+
+
+def _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+            window_right, softcap, dropout_p, seed):
+    return dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+                window_right=window_right, softcap=softcap, dropout_p=dropout_p, seed=seed)
+
+
+def _lse_shape(q: torch.Tensor, varlen: bool):
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
+@torch.library.custom_op("dash::fwd", mutates_args=())
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+             cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+             causal: bool, window_left: int, window_right: int, softcap: float, dropout_p: float, seed: int,
+             schedule: str, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                 window_right, softcap, dropout_p, seed)
+    kernels = _backend(q)
+    if kernels is None:
+        return reference.attention_forward(q, k, v, **kw)
+    return kernels[0].attention_forward(q, k, v, **kw)
+
+
+@attn_fwd.register_fake
+def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                   window_left, window_right, softcap, dropout_p, seed, schedule, deterministic):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+
+
+@torch.library.custom_op("dash::bwd", mutates_args=())
+def attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+             max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+             window_right: int, softcap: float, dropout_p: float, seed: int, schedule: str,
+             deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                 window_right, softcap, dropout_p, seed)
+    kernels = _backend(q)
+    impl = reference.attention_backward if kernels is None else kernels[1].attention_backward
+    return impl(dout.contiguous(), q, k, v, out, lse, schedule=schedule, deterministic=deterministic, **kw)
+
+
+@attn_bwd.register_fake
+def _attn_bwd_fake(dout, q, k, v, out, lse, *args):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+_NON_TENSOR_ARGS = ("max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "window_left", "window_right",
+                    "softcap", "dropout_p", "seed", "schedule", "deterministic")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *rest = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.args = rest
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.dash.bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
+    return (dq, dk, dv, None, None) + (None,) * len(_NON_TENSOR_ARGS)
+
+
+attn_fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,115 @@
+"""The public API: results through the op equal the reference; bad input gets clear errors."""
+import pytest
+import torch
+
+import dash_plugin
+from dash_plugin.kernels import reference
+
+
+def qkv(b=2, sq=40, sk=40, hq=4, hkv=2, d=32, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    mk = lambda s, h: torch.randn(b, s, h, d, generator=g, dtype=dtype)  # noqa: E731
+    return mk(sq, hq), mk(sk, hkv), mk(sk, hkv)
+
+
+def test_dense_forward_backward_equals_reference_bitwise():
+    q, k, v = (t.requires_grad_() for t in qkv())
+    out, lse = dash_plugin.flash_attention(q, k, v, causal=True, window=(9, -1), softcap=3.0, return_lse=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref_out, ref_lse = reference.attention_forward(q.detach(), k.detach(), v.detach(), softmax_scale=32 ** -0.5,
+                                                   causal=True, window_left=9, softcap=3.0)
+    grads = reference.attention_backward(dout, q.detach(), k.detach(), v.detach(), ref_out, ref_lse,
+                                         softmax_scale=32 ** -0.5, causal=True, window_left=9, softcap=3.0)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    for got, want in zip((q.grad, k.grad, v.grad), grads):
+        assert torch.equal(got, want)
+
+
+def test_varlen_equals_per_sequence_dense_calls():
+    lengths = [5, 17, 1, 30]
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randn(n, 2, 32, generator=g) for n in lengths]
+    cu = torch.tensor([0, 5, 22, 23, 53], dtype=torch.int32)
+    packed = torch.cat(seqs)
+    out = dash_plugin.flash_attention(packed, packed, packed, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    for s, a, b in zip(seqs, cu[:-1].tolist(), cu[1:].tolist()):
+        dense = dash_plugin.flash_attention(s[None], s[None], s[None], causal=True)[0]
+        torch.testing.assert_close(out[a:b], dense, rtol=0, atol=1e-6)
+
+
+def test_dropout_same_seed_same_bits_and_seed_from_torch_generator():
+    q, k, v = qkv()
+    a = dash_plugin.flash_attention(q, k, v, dropout_p=0.3, dropout_seed=5)
+    b = dash_plugin.flash_attention(q, k, v, dropout_p=0.3, dropout_seed=5)
+    c = dash_plugin.flash_attention(q, k, v, dropout_p=0.3, dropout_seed=6)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    torch.manual_seed(3)
+    d = dash_plugin.flash_attention(q, k, v, dropout_p=0.3)
+    torch.manual_seed(3)
+    e = dash_plugin.flash_attention(q, k, v, dropout_p=0.3)
+    assert torch.equal(d, e)
+
+
+def test_non_contiguous_inputs():
+    q, k, v = qkv()
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, (B, H, S, D) memory
+    assert not qt.is_contiguous()
+    torch.testing.assert_close(dash_plugin.flash_attention(qt, k, v), dash_plugin.flash_attention(q, k, v), rtol=0, atol=0)
+
+
+BAD = [
+    (dict(q=torch.randn(2, 8, 4, 32, dtype=torch.float16)), TypeError, "share one dtype"),
+    (dict(q=torch.randn(2, 8, 4, 32).int()), TypeError, r"q.dtype=torch.int32 is not supported"),
+    (dict(q=torch.randn(2, 8, 4, 16), k=torch.randn(2, 8, 2, 16), v=torch.randn(2, 8, 2, 16)), ValueError, r"head_dim=16 .* allowed: 32..256"),
+    (dict(q=torch.randn(2, 8, 4, 300), k=torch.randn(2, 8, 2, 300), v=torch.randn(2, 8, 2, 300)), ValueError, r"head_dim=300"),
+    (dict(q=torch.randn(2, 8, 3, 32)), ValueError, r"query heads \(3\) must be a multiple of key/value heads \(2\)"),
+    (dict(q=torch.randn(3, 8, 4, 32)), ValueError, "same batch size"),
+    (dict(q=torch.randn(8, 4, 32)), ValueError, r"expected 4 dims \(batch, seqlen, heads, head_dim\)"),
+    (dict(v=torch.randn(2, 9, 2, 32)), ValueError, "k and v must have the same shape"),
+    (dict(window=(3,)), ValueError, r"window=\(3,\) must be a pair"),
+    (dict(window=(-2, 0)), ValueError, ">= 0, or -1"),
+    (dict(causal=True, window=(4, 2)), ValueError, "causal allows no keys to the right"),
+    (dict(softcap=-1.0), ValueError, "softcap=-1.0"),
+    (dict(dropout_p=1.0), ValueError, r"dropout_p=1.0 must be in \[0, 1\)"),
+    (dict(softmax_scale=0), ValueError, "softmax_scale=0"),
+    (dict(schedule="fastest"), ValueError, "schedule='fastest'.*allowed: auto, atomic"),
+    (dict(schedule="atomic", deterministic=True), ValueError, "not deterministic"),
+]
+
+
+@pytest.mark.parametrize("kwargs,exc,match", BAD, ids=[b[2][:30] for b in BAD])
+def test_bad_input_errors_name_argument_value_and_allowed(kwargs, exc, match):
+    q, k, v = qkv(sq=8, sk=8)
+    args = dict(q=q, k=k, v=v)
+    args.update(kwargs)
+    with pytest.raises(exc, match=match):
+        dash_plugin.flash_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def _varlen(cu_q, cu_k=None, **kw):
+    x = torch.randn(10, 2, 32)
+    return dash_plugin.flash_attention(x, x, x, cu_seqlens_q=cu_q, cu_seqlens_k=cu_q if cu_k is None else cu_k, **kw)
+
+
+@pytest.mark.parametrize("cu,match", [
+    (torch.tensor([0, 4, 10], dtype=torch.int64), r"cu_seqlens_q.dtype=torch.int64; allowed: torch.int32"),
+    (torch.tensor([0, 6, 4, 10], dtype=torch.int32), "never decrease"),
+    (torch.tensor([1, 4, 10], dtype=torch.int32), "must start at 0"),
+    (torch.tensor([0, 4, 9], dtype=torch.int32), r"cu_seqlens_q\[-1\]=9 must equal the number of tokens \(10\)"),
+    (torch.tensor([[0, 10]], dtype=torch.int32), r"expected \(batch \+ 1,\)"),
+])
+def test_bad_cu_seqlens(cu, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        _varlen(cu)
+
+
+def test_varlen_argument_pairing_and_max_seqlen():
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    x = torch.randn(10, 2, 32)
+    with pytest.raises(ValueError, match="given together"):
+        dash_plugin.flash_attention(x, x, x, cu_seqlens_q=cu)
+    with pytest.raises(ValueError, match=r"max_seqlen_q=3 is smaller than the longest sequence \(6\)"):
+        _varlen(cu, max_seqlen_q=3)
+    with pytest.raises(ValueError, match="has 2 entries but cu_seqlens_q has 3"):
+        _varlen(cu, torch.tensor([0, 10], dtype=torch.int32))
