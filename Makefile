@@ -1,0 +1,27 @@
+# The two commands of the README. Each sets itself up on a fresh machine (a venv in .venv).
+#   make demo   the main job: two training runs, shown bit-identical (CPU path without a GPU)
+#   make test   the test suite (GPU tests are skipped where CUDA is absent)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+
+.PHONY: test demo setup
+setup: $(VENV)/.installed
+
+# Without a GPU take the small CPU build of torch (a plain "torch" requirement pulls a
+# multi-GB CUDA build); with one, reuse the system's CUDA torch through system site-packages.
+$(VENV)/.installed: setup.cfg pyproject.toml
+ifeq ($(HAS_GPU),1)
+	python3 -m venv --system-site-packages $(VENV)
+else
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+endif
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+demo: setup
+	$(VENV)/bin/dash-repro demo
