@@ -29,11 +29,6 @@ class BwdConfig:
     num_stages: int
 
 
-# Workers of one (sequence, KV head) that the cyclic shift schedule lets wait on each other.
-# A constant, not the SM count (DESIGN.md rule 1: ranks never depend on the SM count); the
-# launcher checks that the GPU can hold this many programs at once (rule 5).
-SHIFT_GROUP = 64
-
 # Hopper (sm90) and anything newer/older that has no row of its own. Keys: padded head dim.
 _FWD_SM90 = {
     32: FwdConfig(128, 64, 4, 3),

@@ -1,0 +1,466 @@
+"""Triton attention backward: preprocess, KV-stationary main kernel, postprocess; and `split`.
+
+- preprocess: ``delta = rowsum(dO * O)`` (fp32), the softmax-gradient correction term.
+- main, KV-stationary: one program owns one KV tile of one KV head (for the causal shift, two
+  tiles one after the other) and loops over the query heads of its GQA group, so dK/dV of the
+  group are summed in registers in a fixed order. For each visited Q tile it recomputes P and
+  dS, updates dK/dV, and adds its dQ partial into an fp32 accumulator:
+    * ``atomic``: plain atomic adds (order = arrival order: the non-deterministic reference point);
+    * ordered schedules (``ascending``, ``spt``, ``descending``, ``shift``): the visit order and
+      each add's rank come from ``dash_plugin.schedules.kernel_tables``; per-dQ-tile int32
+      semaphores: wait until the counter equals my rank (acquire), add, barrier, release-increment
+      (DESIGN.md rules 4-6).
+- postprocess: dQ accumulator (fp32) rounded once to the input dtype.
+- ``split``: the same KV kernel without dQ, plus Q-stationary dQ programs that recompute P and
+  dS and own their dQ tile outright: no cross-program reduction at all.
+
+Launch order and waiting. An ordered wait is only safe if the program it waits on is running
+or done. The host orders each sequence's workers so that every dQ tile's contributors are
+launched in rank order (a topological order of the "rank r before rank r+1" edges). Then
+acyclic schedules (ascending, descending, spt) wait only on earlier-launched programs, which
+holds both on the GPU (blocks are dispatched in launch order, x fastest) and in the Triton
+interpreter (programs run one by one, grid axis 0 outermost). The cyclic shift schedule waits
+inside groups of at most ``KernelTables.group_size`` workers (a shape-only constant); on the GPU a group is resident
+at once when the device holds that many programs (checked at launch); the interpreter cannot
+run cyclic waits, so there the kernel skips waiting (NO_WAIT) and only correctness is tested.
+"""
+import heapq
+
+import torch
+import triton
+import triton.language as tl
+
+from . import tile_config
+from ._triton_common import (LOG2E, interpreting, problem, row_range, seq_bounds, stats_strides, strides4,
+                             tanh, visible, col_range, dropout_keep)
+from .attn_fwd import _check_common, mask_params
+from .philox import dropout_threshold
+
+SCHEDULES = ("atomic", "ascending", "spt", "descending", "shift", "split")
+ORDERED = ("ascending", "spt", "descending", "shift")
+_MODE = {"atomic": 0, "ordered": 1, "split": 2}
+
+
+# ---------------------------------------------------------------- preprocess
+
+@triton.jit
+def _bwd_preprocess(O, DO, DELTA, CU_Q, seqlen_q_dense, head_dim,
+                    stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
+                    stride_lb, stride_lh, stride_ls,
+                    VARLEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    rmask = rows < seqlen_q
+    msk = rmask[:, None] & (dims[None, :] < head_dim)
+    r64 = (q_start + rows).to(tl.int64)[:, None]
+    o = tl.load(O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + r64 * stride_os + dims[None, :],
+                mask=msk, other=0.0).to(tl.float32)
+    do = tl.load(DO + b.to(tl.int64) * stride_db + h.to(tl.int64) * stride_dh + r64 * stride_ds + dims[None, :],
+                 mask=msk, other=0.0).to(tl.float32)
+    delta = tl.sum(o * do, 1)
+    tl.store(DELTA + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + (q_start + rows).to(tl.int64)
+             * stride_ls, delta, mask=rmask)
+
+
+# ---------------------------------------------------------------- shared recompute
+
+@triton.jit
+def _recompute(q, k, do, v, lse, delta, rows, cols, h, b, seqlen_q, seqlen_k, window_left, window_right,
+               scale_log2, softcap, seed, drop_threshold, inv_keep,
+               HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr):
+    """P (dropped and rescaled, for dV) and dS (w.r.t. the scaled, uncapped score) of one tile."""
+    qk = tl.dot(q, tl.trans(k))
+    if SOFTCAP:
+        t = tanh(qk * (scale_log2 / 1.4426950408889634 / softcap))
+        s = softcap * t * 1.4426950408889634
+    else:
+        s = qk * scale_log2
+    ok = visible(rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_WL, HAS_WR)
+    # lse = +inf on empty rows makes P = 0 there.
+    p = tl.where(ok, tl.exp2(s - lse[:, None] * 1.4426950408889634), 0.0)
+    dp = tl.dot(do, tl.trans(v))
+    if DROPOUT:
+        keep = dropout_keep(seed, rows, cols, h, b, drop_threshold)
+        pd = tl.where(keep, p * inv_keep, 0.0)
+        dp = tl.where(keep, dp * inv_keep, 0.0)
+    else:
+        pd = p
+    ds = p * (dp - delta[:, None])
+    if SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    return pd, ds
+
+
+@triton.jit
+def _kv_step(dk, dv, k, v, m0, h, b, q_start, seqlen_q, seqlen_k, n0,
+             q_base, do_base, dq_base, lse_base, delta_base, stride_qs, stride_dos, stride_dqs, stride_ls,
+             window_left, window_right, scale, scale_log2, softcap, seed, drop_threshold, inv_keep, head_dim,
+             sem_ptr, rank,
+             MODE: tl.constexpr, NO_WAIT: tl.constexpr,
+             HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One (Q tile, KV tile) stage of the KV-stationary backward."""
+    rows = m0 + tl.arange(0, BLOCK_M)
+    cols = n0 + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    rmask = rows < seqlen_q
+    msk = rmask[:, None] & (dims[None, :] < head_dim)
+    r64 = rows.to(tl.int64)[:, None]
+    q = tl.load(q_base + r64 * stride_qs + dims[None, :], mask=msk, other=0.0)
+    do = tl.load(do_base + r64 * stride_dos + dims[None, :], mask=msk, other=0.0)
+    lse = tl.load(lse_base + rows.to(tl.int64) * stride_ls, mask=rmask, other=float("inf"))
+    delta = tl.load(delta_base + rows.to(tl.int64) * stride_ls, mask=rmask, other=0.0)
+    pd, ds = _recompute(q, k, do, v, lse, delta, rows, cols, h, b, seqlen_q, seqlen_k, window_left,
+                        window_right, scale_log2, softcap, seed, drop_threshold, inv_keep,
+                        HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
+    dv += tl.dot(tl.trans(pd.to(do.dtype)), do)
+    ds_lo = ds.to(q.dtype)
+    dk += tl.dot(tl.trans(ds_lo), q)
+    if MODE != 2:
+        dq = tl.dot(ds_lo, k) * scale
+        dq_ptrs = dq_base + r64 * stride_dqs + dims[None, :]
+        if MODE == 0:
+            tl.atomic_add(dq_ptrs, dq, mask=msk, sem="relaxed")
+        else:
+            if not NO_WAIT:
+                # Acquire: everything the previous rank added is visible once we see our rank.
+                cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
+                while cur != rank:
+                    cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
+            # One writer at a time; atomics go straight to L2, so no stale L1 line is read.
+            tl.atomic_add(dq_ptrs, dq, mask=msk, sem="relaxed")
+            # All threads' adds are issued before the release below (DESIGN.md rule 4).
+            tl.debug_barrier()
+            tl.atomic_add(sem_ptr, 1, sem="release")
+    return dk, dv
+
+
+@triton.jit
+def _bwd_kv_kernel(
+    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM,
+    T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK,
+    seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
+    window_left, window_right,
+    seqlen_q_dense, seqlen_k_dense, group, head_dim, heads_q, num_m_max,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_dqb, stride_dqs, stride_dqh,
+    stride_lb, stride_lh, stride_ls,
+    t_stride_b, t_max_workers, t_max_steps,
+    MODE: tl.constexpr, NO_WAIT: tl.constexpr, VARLEN: tl.constexpr,
+    HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    hk = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
+    k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
+    b64 = b.to(tl.int64)
+    tb = b64 * t_stride_b   # table row of this sequence (dense: stride 0, one shared row)
+    if MODE == 1:
+        if pid >= tl.load(T_NWORK + tb):
+            return
+        worker = tl.load(T_PERM + tb * t_max_workers + pid)
+        num_segments = 2
+    else:
+        if pid * BLOCK_N >= seqlen_k:
+            return
+        worker = pid
+        num_segments = 1
+
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < head_dim
+    seg_begin = 0
+    for seg in range(num_segments):
+        if MODE == 1:
+            n_tile = tl.load(T_SEGKV + (tb * t_max_workers + worker) * 2 + seg)
+            seg_end = tl.load(T_SEGEND + (tb * t_max_workers + worker) * 2 + seg)
+        else:
+            n_tile = worker
+            seg_end = 0
+        if n_tile >= 0:
+            n0 = n_tile * BLOCK_N
+            cols = n0 + tl.arange(0, BLOCK_N)
+            cmask = cols < seqlen_k
+            kmsk = cmask[:, None] & dmask[None, :]
+            c64 = (k_start + cols).to(tl.int64)[:, None]
+            k = tl.load(K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + c64 * stride_ks + dims[None, :],
+                        mask=kmsk, other=0.0)
+            v = tl.load(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + c64 * stride_vs + dims[None, :],
+                        mask=kmsk, other=0.0)
+            dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+            dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+            for hi in range(group):
+                h = hk * group + hi
+                h64 = h.to(tl.int64)
+                row0 = q_start.to(tl.int64)
+                q_base = Q + b64 * stride_qb + h64 * stride_qh + row0 * stride_qs
+                do_base = DO + b64 * stride_dob + h64 * stride_doh + row0 * stride_dos
+                dq_base = DQA + b64 * stride_dqb + h64 * stride_dqh + row0 * stride_dqs
+                lse_base = LSE + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls
+                delta_base = DELTA + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls
+                sem_base = SEM + (b64 * heads_q + h64) * num_m_max
+                if MODE == 1:
+                    tq = (tb * t_max_workers + worker) * t_max_steps
+                    for step in range(seg_begin, seg_end):
+                        m_tile = tl.load(T_QTILE + tq + step)
+                        rank = tl.load(T_RANK + tq + step)
+                        dk, dv = _kv_step(dk, dv, k, v, m_tile * BLOCK_M, h, b, q_start, seqlen_q, seqlen_k, n0,
+                                          q_base, do_base, dq_base, lse_base, delta_base,
+                                          stride_qs, stride_dos, stride_dqs, stride_ls,
+                                          window_left, window_right, scale, scale_log2, softcap, seed,
+                                          drop_threshold, inv_keep, head_dim, sem_base + m_tile, rank,
+                                          MODE, NO_WAIT, HAS_WL, HAS_WR, SOFTCAP, DROPOUT,
+                                          BLOCK_M, BLOCK_N, BLOCK_D)
+                else:
+                    lo, hi_row = row_range(n0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N,
+                                           HAS_WL, HAS_WR)
+                    for m0 in range(tl.maximum(lo, 0) // BLOCK_M * BLOCK_M, hi_row, BLOCK_M):
+                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, q_start, seqlen_q, seqlen_k, n0,
+                                          q_base, do_base, dq_base, lse_base, delta_base,
+                                          stride_qs, stride_dos, stride_dqs, stride_ls,
+                                          window_left, window_right, scale, scale_log2, softcap, seed,
+                                          drop_threshold, inv_keep, head_dim, sem_base, 0,
+                                          MODE, NO_WAIT, HAS_WL, HAS_WR, SOFTCAP, DROPOUT,
+                                          BLOCK_M, BLOCK_N, BLOCK_D)
+            tl.store(DK + b64 * stride_dkb + hk.to(tl.int64) * stride_dkh + c64 * stride_dks + dims[None, :],
+                     (dk * scale).to(DK.dtype.element_ty), mask=kmsk)
+            tl.store(DV + b64 * stride_dvb + hk.to(tl.int64) * stride_dvh + c64 * stride_dvs + dims[None, :],
+                     dv.to(DV.dtype.element_ty), mask=kmsk)
+        seg_begin = seg_end
+
+
+# ---------------------------------------------------------------- split: Q-stationary dQ
+
+@triton.jit
+def _bwd_dq_kernel(
+    Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
+    seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
+    window_left, window_right,
+    seqlen_q_dense, seqlen_k_dense, group, head_dim,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    stride_lb, stride_lh, stride_ls,
+    VARLEN: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
+    SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
+    k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
+    m0 = pid_m * BLOCK_M
+    if m0 >= seqlen_q:
+        return
+    hk = h // group
+    b64 = b.to(tl.int64)
+    rows = m0 + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < head_dim
+    rmask = rows < seqlen_q
+    msk = rmask[:, None] & dmask[None, :]
+    r64 = (q_start + rows).to(tl.int64)[:, None]
+    q = tl.load(Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + r64 * stride_qs + dims[None, :],
+                mask=msk, other=0.0)
+    do = tl.load(DO + b64 * stride_dob + h.to(tl.int64) * stride_doh + r64 * stride_dos + dims[None, :],
+                 mask=msk, other=0.0)
+    stat = b64 * stride_lb + h.to(tl.int64) * stride_lh + (q_start + rows).to(tl.int64) * stride_ls
+    lse = tl.load(LSE + stat, mask=rmask, other=float("inf"))
+    delta = tl.load(DELTA + stat, mask=rmask, other=0.0)
+    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks
+    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    lo, hi = col_range(m0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, HAS_WL, HAS_WR)
+    for n0 in range(tl.maximum(lo, 0) // BLOCK_N * BLOCK_N, hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        kmsk = (cols < seqlen_k)[:, None] & dmask[None, :]
+        c64 = cols.to(tl.int64)[:, None]
+        k = tl.load(k_base + c64 * stride_ks + dims[None, :], mask=kmsk, other=0.0)
+        v = tl.load(v_base + c64 * stride_vs + dims[None, :], mask=kmsk, other=0.0)
+        _, ds = _recompute(q, k, do, v, lse, delta, rows, cols, h, b, seqlen_q, seqlen_k, window_left,
+                           window_right, scale_log2, softcap, seed, drop_threshold, inv_keep,
+                           HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
+        acc += tl.dot(ds.to(q.dtype), k)
+    tl.store(DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + r64 * stride_dqs + dims[None, :],
+             (acc * scale).to(DQ.dtype.element_ty), mask=msk)
+
+
+# ---------------------------------------------------------------- host side
+
+def launch_order(num_workers: int, q_tile: torch.Tensor, rank: torch.Tensor) -> list:
+    """Workers of one sequence in an order that launches every dQ tile's contributors in rank order.
+
+    Edges "rank r of tile m before rank r+1 of tile m"; Kahn's algorithm, lowest worker first.
+    A cyclic schedule (shift) has no such order: the cycle is broken at the lowest worker left,
+    which keeps each group's workers together and groups in rank order.
+    """
+    by_tile = {}
+    for w in range(num_workers):
+        for m, r in zip(q_tile[w].tolist(), rank[w].tolist()):
+            if m >= 0:
+                by_tile.setdefault(m, {})[r] = w
+    succ = [set() for _ in range(num_workers)]
+    indeg = [0] * num_workers
+    for ranks in by_tile.values():
+        for r, w in ranks.items():
+            nxt = ranks.get(r + 1)
+            if nxt is not None and nxt != w and nxt not in succ[w]:
+                succ[w].add(nxt)
+                indeg[nxt] += 1
+    ready = [w for w in range(num_workers) if indeg[w] == 0]
+    heapq.heapify(ready)
+    placed, order = [False] * num_workers, []
+    while len(order) < num_workers:
+        if not ready:   # cycle: take the lowest unplaced worker
+            ready = [min(w for w in range(num_workers) if not placed[w])]
+        w = heapq.heappop(ready)
+        if placed[w]:
+            continue
+        placed[w] = True
+        order.append(w)
+        for n in succ[w]:
+            indeg[n] -= 1
+            if indeg[n] == 0 and not placed[n]:
+                heapq.heappush(ready, n)
+    return order
+
+
+_TABLE_CACHE = {}
+
+
+def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
+    """Schedule tables on the device plus the launch permutation; cached by shape."""
+    from dash_plugin.schedules import kernel_tables   # imported late: the schedule model is optional here
+
+    dense = not pb.varlen
+    lq = [pb.seqlens_q[0]] if dense else list(pb.seqlens_q)
+    lk = [pb.seqlens_k[0]] if dense else list(pb.seqlens_k)
+    key = (schedule, tuple(lq), tuple(lk), cfg.block_m, cfg.block_n, causal, wl, wr, str(device))
+    hit = _TABLE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    t = kernel_tables(schedule, seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
+                      causal=causal, window_left=wl, window_right=wr)
+    nb, w_max = t.seg_kv.shape[0], t.seg_kv.shape[1]
+    perm = torch.zeros((nb, max(w_max, 1)), dtype=torch.int32)
+    for b in range(nb):
+        nw = int(t.num_workers[b])
+        if nw:
+            perm[b, :nw] = torch.tensor(launch_order(nw, t.q_tile[b, :nw], t.rank[b, :nw]), dtype=torch.int32)
+    dev = {name: getattr(t, name).to(device=device, dtype=torch.int32).contiguous()
+           for name in ("num_workers", "seg_kv", "seg_end", "q_tile", "rank")}
+    dev["perm"] = perm.to(device).contiguous()
+    dev["max_steps"] = t.q_tile.shape[2]
+    dev["max_workers"] = w_max
+    dev["group_size"] = int(t.group_size)
+    if len(_TABLE_CACHE) > 256:
+        _TABLE_CACHE.clear()
+    _TABLE_CACHE[key] = dev
+    return dev
+
+
+def _check_residency(group_size, device):
+    """Cyclic waits need the whole group resident at once (DESIGN.md rule 5): one program per SM."""
+    if interpreting() or group_size <= 1:
+        return
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if sms < group_size:
+        raise RuntimeError(f"the schedule waits cyclically inside groups of {group_size} programs, but this GPU has "
+                           f"{sms} SMs: pick 'descending' or 'ascending'")
+
+
+def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                       max_seqlen_k=None, softmax_scale, causal=False, window_left=-1, window_right=-1,
+                       softcap=0.0, dropout_p=0.0, seed=0, schedule="ascending", deterministic=True):
+    """(dq, dk, dv); see docs/INTERNALS.md. ``schedule`` is concrete (never ``auto``)."""
+    _check_common(q, k, v, softmax_scale, causal, window_left, window_right, softcap, dropout_p)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r}: the Triton backward takes one of {SCHEDULES}")
+    if not deterministic and schedule != "atomic":
+        raise ValueError(f"deterministic=False is only valid with schedule='atomic', got {schedule!r}")
+    if dout.shape != q.shape or out.shape != q.shape:
+        raise ValueError(f"dout {tuple(dout.shape)} and out {tuple(out.shape)} must have q's shape {tuple(q.shape)}")
+    pb = problem(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
+    wl, wr = mask_params(causal, window_left, window_right)
+    interp = interpreting()
+    cfg = tile_config.bwd_config(q.dtype, pb.head_dim, interpret=interp)
+    block_d = tile_config.padded_head_dim(pb.head_dim)
+    varlen = pb.varlen
+
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if pb.batch == 0 or pb.max_seqlen_q == 0 or pb.max_seqlen_k == 0:
+        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+
+    delta = torch.empty_like(lse)
+    grid_m = triton.cdiv(pb.max_seqlen_q, cfg.block_m)
+    _bwd_preprocess[(grid_m, pb.heads_q, pb.batch)](
+        out, dout, delta, pb.cu_q, pb.max_seqlen_q, pb.head_dim,
+        *strides4(out, varlen), *strides4(dout, varlen), *stats_strides(delta, varlen),
+        VARLEN=varlen, BLOCK_M=cfg.block_m, BLOCK_D=block_d)
+
+    common = (seed, dropout_threshold(dropout_p), float(softmax_scale), float(softmax_scale) * LOG2E,
+              float(softcap), 1.0 / (1.0 - float(dropout_p)), wl, wr)
+    flags = dict(VARLEN=varlen, HAS_WL=wl >= 0, HAS_WR=wr >= 0, SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0,
+                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    lse_strides = stats_strides(lse, varlen)
+    assert stats_strides(delta, varlen) == lse_strides
+
+    if schedule == "split":
+        dq = torch.empty_like(q)
+        dqa = dq                      # the KV kernel does not touch it in split mode
+        mode = _MODE["split"]
+    else:
+        # fp32 accumulator, zeroed on the caller's stream for every call.
+        dqa = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        mode = _MODE["atomic"] if schedule == "atomic" else _MODE["ordered"]
+
+    no_wait = False
+    if mode == _MODE["ordered"]:
+        tabs = _device_tables(schedule, pb, cfg, wl, wr, causal, q.device)
+        if tabs["group_size"] > 1:
+            _check_residency(tabs["group_size"], q.device)
+            no_wait = interp        # the interpreter cannot run cyclic waits
+        # One int32 counter per (sequence, query head, dQ tile), zeroed per call (rule 6).
+        sem = torch.zeros((pb.batch, pb.heads_q, grid_m), device=q.device, dtype=torch.int32)
+        t_args = (tabs["perm"], tabs["num_workers"], tabs["seg_kv"], tabs["seg_end"], tabs["q_tile"], tabs["rank"])
+        t_stride_b = 0 if not varlen else 1
+        grid0 = max(tabs["max_workers"], 1)
+        t_dims = (t_stride_b, max(tabs["max_workers"], 1), tabs["max_steps"])
+    else:
+        sem = torch.zeros(1, device=q.device, dtype=torch.int32)
+        t_args = (sem,) * 6
+        grid0 = triton.cdiv(pb.max_seqlen_k, cfg.block_n)
+        t_dims = (0, 1, 1)
+
+    _bwd_kv_kernel[(grid0, pb.heads_kv, pb.batch)](
+        q, k, v, dout, dk, dv, dqa, lse, delta, pb.cu_q, pb.cu_k, sem, *t_args,
+        *common, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim, pb.heads_q, grid_m,
+        *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
+        *strides4(dk, varlen), *strides4(dv, varlen), *strides4(dqa, varlen), *lse_strides,
+        *t_dims, MODE=mode, NO_WAIT=no_wait, **flags)
+
+    if schedule == "split":
+        _bwd_dq_kernel[(grid_m, pb.heads_q, pb.batch)](
+            q, k, v, dout, dq, lse, delta, pb.cu_q, pb.cu_k,
+            *common, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
+            *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
+            *strides4(dq, varlen), *lse_strides, **flags)
+        return dq, dk, dv
+    # postprocess: one rounding of the fp32 accumulator to the input dtype.
+    return dqa.to(q.dtype), dk, dv
