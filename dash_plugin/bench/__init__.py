@@ -1,0 +1,6 @@
+"""dash-bench: the benchmark harness of ANCHORS.md.
+
+Modules: ``protocol`` (shapes, FLOPs), ``peers`` (the implementations), ``runner`` (timing,
+determinism and memory per cell), ``report`` (JSON, markdown, PNG, target verdicts),
+``autotable`` (the ``auto`` schedule rule derived from a results file), ``cli`` (``dash-bench``).
+"""

@@ -1,0 +1,156 @@
+"""``dash-bench`` (also ``python -m dash_plugin.bench``): run the ANCHORS protocol and write
+results.json, results.md and results.png; optionally derive the ``auto`` schedule table.
+
+    dash-bench --quick --out docs/benchmarks/quick          # a few points, under 3 minutes on an H100/H200
+    dash-bench --gqa --hdim256 --max-minutes 9 --out out/   # the whole protocol within a time budget
+    dash-bench --device cpu --tiny --out /tmp/tiny          # CPU pipeline check (CI)
+    dash-bench --from-json out/results.json --write-auto-table auto_table.json
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+MODE_TIMING = {"full": (25.0, 100.0), "quick": (10.0, 50.0), "tiny": (2.0, 20.0)}   # warm-up, window (ms)
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"dash-bench: {name} must be a comma list of integers, got {text!r}")
+    if not values:
+        raise SystemExit(f"dash-bench: {name} is empty")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dash-bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true",
+                      help="hdim 128 at 2k and 8k, hdim 64 at 2k, causal and full (under 3 minutes on the GPU)")
+    mode.add_argument("--tiny", action="store_true",
+                      help="miniature protocol (S=128/256, H=2, D=64, fp32) that runs on the CPU")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                    help="default: cuda; the CPU only runs --tiny")
+    ap.add_argument("--impls", default=None,
+                    help="comma list of implementation names or patterns (e.g. 'dash-*,sdpa-cudnn,flex'); "
+                         "see --list")
+    ap.add_argument("--list", action="store_true", help="list the implementations and whether they run here")
+    ap.add_argument("--hdims", default=None, help="comma list of head dims (default 64,128)")
+    ap.add_argument("--hdim256", action="store_true", help="add the hdim 256 row")
+    ap.add_argument("--gqa", action="store_true", help="add the GQA 4:1 row (hdim 128)")
+    ap.add_argument("--seqlens", default=None, help="comma list of seqlens (default 512..16384)")
+    ap.add_argument("--masks", default=None, help="comma list of causal,full (default both)")
+    ap.add_argument("--repeats", type=int, default=6, help="backward passes compared bitwise (default 6)")
+    ap.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 25; quick 10)")
+    ap.add_argument("--rep-ms", type=float, default=None, help="do_bench measuring window (default 100; quick 50)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="time budget: cells after it are recorded as skipped and the reports are still written")
+    ap.add_argument("--out", default="dash-bench-out", help="output folder (default ./dash-bench-out)")
+    ap.add_argument("--from-json", default=None, metavar="RESULTS",
+                    help="do not run: rebuild the reports (and/or the auto table) from a results.json")
+    ap.add_argument("--write-auto-table", default=None, metavar="PATH",
+                    help="write the auto schedule table derived from the results (this run's or --from-json's)")
+    return ap
+
+
+def _points(args):
+    from . import protocol
+    if args.tiny:
+        masks = args.masks.split(",") if args.masks else protocol.MASKS
+        return protocol.tiny_points(masks=masks)
+    masks = tuple(m.strip() for m in args.masks.split(",")) if args.masks else protocol.MASKS
+    if args.quick:
+        return protocol.quick_points(masks=masks)
+    hdims = _int_list(args.hdims, "--hdims") if args.hdims else list(protocol.HDIMS)
+    if args.hdim256 and 256 not in hdims:
+        hdims.append(256)
+    seqlens = _int_list(args.seqlens, "--seqlens") if args.seqlens else list(protocol.SEQLENS)
+    return protocol.protocol_points(hdims=hdims, seqlens=seqlens, masks=masks, gqa=args.gqa)
+
+
+def _finish(results, args, command) -> int:
+    from . import report
+    paths = report.write_reports(results, args.out, command=command)
+    print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}")
+    for row in report.evaluate_targets(results):
+        value = "-" if row["value"] is None else f"{row['value']:.2f}x"
+        print(f"  target: {row['title']}: {value} (goal {row['op']} {row['goal']:.2f}x) -> {row['verdict']}")
+    if args.write_auto_table:
+        from .autotable import write_auto_table
+        table = write_auto_table(results, args.write_auto_table)
+        print(f"wrote {args.write_auto_table} ({len(table['rules'])} rules)")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    command = "dash-bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
+    try:
+        return _main(args, command)
+    except ValueError as exc:       # bad input anywhere below: one clear line, no traceback
+        print(f"dash-bench: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args, command) -> int:
+    if args.from_json:
+        from . import report
+        results = report.read_json(args.from_json)
+        if args.out == "dash-bench-out":   # default: next to the JSON it came from
+            args.out = os.path.dirname(os.path.abspath(args.from_json))
+        return _finish(results, args, command)
+
+    # Under torch.use_deterministic_algorithms cuBLAS needs a fixed workspace; set before CUDA starts.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+    from . import peers, runner
+
+    device_name = args.device or "cuda"
+    if device_name == "cuda" and not torch.cuda.is_available():
+        print("dash-bench: no CUDA device here. The protocol needs a GPU; for a pipeline check on the CPU "
+              "run `dash-bench --device cpu --tiny`.", file=sys.stderr)
+        return 2
+    if device_name == "cpu" and not args.tiny:
+        print("dash-bench: on the CPU only the miniature protocol runs: add --tiny.", file=sys.stderr)
+        return 2
+    device = torch.device(device_name)
+
+    candidates = peers.select_impls(args.impls, device, tiny=args.tiny)
+    unavailable = {i.name: r for i in candidates if (r := i.unavailable_reason(device)) is not None}
+    impls = [i for i in candidates if i.name not in unavailable]
+    if args.list:
+        for impl in peers.all_impls():
+            state = "runs here" if impl in impls else (unavailable.get(impl.name) or "not selected")
+            print(f"{impl.name:20s} {state:40s} {impl.description}")
+        return 0
+    for name, reason in unavailable.items():
+        print(f"not run: {name}: {reason}")
+    if not impls:
+        print("dash-bench: no selected implementation can run here.", file=sys.stderr)
+        return 2
+
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    warmup, rep = MODE_TIMING[mode]
+    settings = runner.Settings(repeats=args.repeats, seed=args.seed,
+                               warmup_ms=warmup if args.warmup_ms is None else args.warmup_ms,
+                               rep_ms=rep if args.rep_ms is None else args.rep_ms)
+    points = _points(args)
+    print(f"dash-bench ({mode}): {len(points)} points x {len(impls)} implementations on "
+          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}")
+    os.makedirs(args.out, exist_ok=True)
+    from . import report
+    partial = os.path.join(args.out, "results.json")
+
+    results = runner.run_benchmark(
+        points, impls, device, settings, unavailable=unavailable, max_minutes=args.max_minutes,
+        config={"mode": mode, "command": command, "impls": args.impls},
+        log=lambda line: print(line, flush=True),
+        # the JSON so far after every point: a run killed from outside keeps what it measured
+        on_point_done=lambda res: report.write_json(res, partial))
+    return _finish(results, args, command)

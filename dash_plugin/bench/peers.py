@@ -1,0 +1,274 @@
+"""The implementations the benchmark compares: ours (one per backward schedule) and the peers.
+
+Each implementation is an ``Impl``: how to build a forward function for one point, which tensor
+layout it takes, and the context every call of it runs in (an SDPA backend choice, PyTorch's
+deterministic flag). Peers that cannot be imported on this machine are reported as unavailable,
+never as failures; a peer that imports but fails at one point gets an error cell from the runner.
+"""
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from .protocol import Point
+
+DASH_SCHEDULES = ("auto", "ascending", "spt", "descending", "shift", "split", "atomic")
+# The schedules the auto rule may choose from: every deterministic one ("auto" itself excluded).
+DETERMINISTIC_SCHEDULES = ("ascending", "spt", "descending", "shift", "split")
+
+
+@dataclass
+class Impl:
+    name: str
+    family: str                      # dash | sdpa | flex | fa4
+    description: str
+    layout: str                      # "bshd" (flash-attn, ours) or "bhsd" (SDPA, Flex)
+    build: Callable[[Point, torch.device], Callable]   # -> fn(q, k, v) returning out
+    devices: tuple = ("cuda",)
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    claims_deterministic: Optional[bool] = None   # what the implementation promises (checked separately)
+    schedule: Optional[str] = None
+    probe: Callable[[], Optional[str]] = lambda: None   # reason it is unavailable, or None
+    tags: dict = field(default_factory=dict)
+
+    def unavailable_reason(self, device: torch.device) -> Optional[str]:
+        if device.type not in self.devices:
+            return f"runs on {'/'.join(self.devices)} only"
+        try:
+            return self.probe()
+        except Exception as exc:  # a probe must never stop the run
+            return f"probe failed: {type(exc).__name__}: {exc}"
+
+    def from_bshd(self, x: torch.Tensor) -> torch.Tensor:
+        """Our canonical (B, S, H, D) tensor to this implementation's layout, contiguous."""
+        return x.contiguous() if self.layout == "bshd" else x.transpose(1, 2).contiguous()
+
+    def to_bshd(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.layout == "bshd" else x.transpose(1, 2)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "family": self.family, "description": self.description,
+                "layout": self.layout, "claims_deterministic": self.claims_deterministic,
+                "schedule": self.schedule}
+
+
+def first_output(result):
+    """Some APIs return (out, lse); the benchmark differentiates the attention output only."""
+    return result[0] if isinstance(result, (tuple, list)) else result
+
+
+@contextlib.contextmanager
+def deterministic_algorithms():
+    """torch.use_deterministic_algorithms(True) for the duration, restoring the previous state."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+# ---------------------------------------------------------------------------- ours
+def _dash_probe() -> Optional[str]:
+    import dash_plugin
+    if not callable(getattr(dash_plugin, "flash_attention", None)):
+        return "dash_plugin.flash_attention is not defined yet"
+    return None
+
+
+def _dash_build(schedule: str):
+    deterministic = schedule != "atomic"
+
+    def build(point: Point, device: torch.device):
+        from dash_plugin import flash_attention
+
+        def fn(q, k, v):
+            return first_output(flash_attention(q, k, v, causal=point.causal, schedule=schedule,
+                                                deterministic=deterministic))
+        return fn
+    return build
+
+
+def _dash_impls() -> list[Impl]:
+    impls = []
+    for schedule in DASH_SCHEDULES:
+        det = schedule != "atomic"
+        what = ("forward + atomic (non-deterministic) backward" if not det
+                else f"forward + deterministic backward, schedule '{schedule}'")
+        impls.append(Impl(name=f"dash-{schedule}", family="dash", description=f"dash_plugin {what}",
+                          layout="bshd", build=_dash_build(schedule), devices=("cuda", "cpu"),
+                          claims_deterministic=det, schedule=schedule, probe=_dash_probe))
+    return impls
+
+
+# ---------------------------------------------------------------------------- SDPA
+def _sdpa_backend(name: str):
+    from torch.nn.attention import SDPBackend
+    return getattr(SDPBackend, name)
+
+
+def _sdpa_context(backend: Optional[str], deterministic: bool):
+    @contextlib.contextmanager
+    def ctx():
+        with contextlib.ExitStack() as stack:
+            if backend is not None:
+                from torch.nn.attention import sdpa_kernel
+                stack.enter_context(sdpa_kernel(_sdpa_backend(backend)))
+            if deterministic:
+                stack.enter_context(deterministic_algorithms())
+            yield
+    return ctx
+
+
+def _sdpa_build(point: Point, device: torch.device):
+    # enable_gqa only when needed: older backends reject the keyword even when False.
+    kwargs = {"enable_gqa": True} if point.group > 1 else {}
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=point.causal, **kwargs)
+    return fn
+
+
+def _sdpa_probe(backend: Optional[str]):
+    def probe():
+        if backend is not None:
+            _sdpa_backend(backend)
+        return None
+    return probe
+
+
+def _sdpa_impls() -> list[Impl]:
+    specs = [
+        # name, backend (None = SDPA's own choice), deterministic flag, devices, claim, description
+        ("sdpa-math", "MATH", False, ("cpu", "cuda"), True, "SDPA math backend (plain matmuls)"),
+        ("sdpa-flash", "FLASH_ATTENTION", False, ("cuda",), False, "SDPA flash backend (FA2)"),
+        ("sdpa-cudnn", "CUDNN_ATTENTION", False, ("cuda",), False, "SDPA cuDNN backend"),
+        ("sdpa-efficient", "EFFICIENT_ATTENTION", False, ("cuda",), False, "SDPA memory-efficient backend"),
+        ("sdpa-det", None, True, ("cuda",), True,
+         "SDPA, backend chosen by SDPA, under torch.use_deterministic_algorithms(True) (what HF users get)"),
+        ("sdpa-cudnn-det", "CUDNN_ATTENTION", True, ("cuda",), True,
+         "SDPA cuDNN backend under torch.use_deterministic_algorithms(True)"),
+        ("sdpa-efficient-det", "EFFICIENT_ATTENTION", True, ("cuda",), True,
+         "SDPA memory-efficient backend under torch.use_deterministic_algorithms(True)"),
+    ]
+    return [Impl(name=name, family="sdpa", description=desc, layout="bhsd", build=_sdpa_build,
+                 devices=devices, context=_sdpa_context(backend, det), claims_deterministic=claim,
+                 probe=_sdpa_probe(backend), tags={"backend": backend, "torch_deterministic": det})
+            for name, backend, det, devices, claim, desc in specs]
+
+
+# ---------------------------------------------------------------------------- FlexAttention
+def _flex_probe() -> Optional[str]:
+    from torch.nn.attention import flex_attention  # noqa: F401
+    return None
+
+
+def _causal_mask(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def _raise_recompile_limits(limit: int = 256) -> None:
+    """One static compile per shape: the default limit (8) would make later shapes fall back to eager."""
+    import torch._dynamo.config as dynamo_config
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+    _raise_recompile_limits()
+    # No max-autotune: the protocol (and torchtitan's deterministic mode) use the default configs.
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex_build(point: Point, device: torch.device):
+    from torch.nn.attention.flex_attention import create_block_mask
+    compiled = _compiled_flex()
+    block_mask = None
+    if point.causal:   # created once per shape, outside the timed region
+        block_mask = create_block_mask(_causal_mask, B=None, H=None, Q_LEN=point.seqlen,
+                                       KV_LEN=point.seqlen, device=device)
+    kwargs = {"enable_gqa": True} if point.group > 1 else {}
+
+    def fn(q, k, v):
+        return compiled(q, k, v, block_mask=block_mask, **kwargs)
+    return fn
+
+
+def _flex_impls() -> list[Impl]:
+    return [Impl(name="flex", family="flex", layout="bhsd", build=_flex_build, claims_deterministic=True,
+                 description="FlexAttention, torch.compile (default configs, no max-autotune)",
+                 probe=_flex_probe)]
+
+
+# ---------------------------------------------------------------------------- FA4
+def _fa4_probe() -> Optional[str]:
+    try:
+        import flash_attn.cute as cute
+    except Exception as exc:
+        return f"flash_attn.cute does not import ({type(exc).__name__}: {exc})"
+    if not callable(getattr(cute, "flash_attn_func", None)):
+        return "flash_attn.cute has no flash_attn_func"
+    return None
+
+
+def _fa4_build(deterministic: bool):
+    def build(point: Point, device: torch.device):
+        from flash_attn.cute import flash_attn_func
+
+        def fn(q, k, v):
+            return first_output(flash_attn_func(q, k, v, causal=point.causal, deterministic=deterministic))
+        return fn
+    return build
+
+
+def _fa4_impls() -> list[Impl]:
+    return [Impl(name=name, family="fa4", layout="bshd", build=_fa4_build(det), claims_deterministic=det,
+                 description=f"FA4 (flash_attn.cute), deterministic={det}", probe=_fa4_probe)
+            for name, det in (("fa4", False), ("fa4-det", True))]
+
+
+# ---------------------------------------------------------------------------- registry
+def all_impls() -> list[Impl]:
+    """Every implementation, peers first (the first one that succeeds at a point is the accuracy reference)."""
+    return _sdpa_impls() + _flex_impls() + _fa4_impls() + _dash_impls()
+
+
+IMPL_NAMES = tuple(i.name for i in all_impls())
+# Not in the default GPU set: the math backend materialises S x S fp32 scores (17 GB at 16k).
+NOT_DEFAULT_ON_CUDA = ("sdpa-math",)
+TINY_IMPLS = ("sdpa-math",) + tuple(f"dash-{s}" for s in DASH_SCHEDULES)
+
+
+def select_impls(patterns: Optional[str], device: torch.device, *, tiny: bool = False) -> list[Impl]:
+    """The implementations named by a comma list of names or shell patterns ("dash-*,sdpa-cudnn").
+
+    Without patterns: everything that runs on the device (on CUDA without sdpa-math; with --tiny
+    only SDPA math and ours). Names that match nothing are an error, so a typo cannot silently
+    drop a column.
+    """
+    impls = all_impls()
+    if patterns is None or patterns.strip() == "":
+        if tiny:
+            return [i for i in impls if i.name in TINY_IMPLS]
+        return [i for i in impls if device.type in i.devices
+                and not (device.type == "cuda" and i.name in NOT_DEFAULT_ON_CUDA)]
+    chosen = set()
+    for pattern in (p.strip() for p in patterns.split(",")):
+        if not pattern:
+            continue
+        hits = {i.name for i in impls if fnmatch.fnmatchcase(i.name, pattern)}
+        if not hits:
+            raise ValueError(f"--impls: {pattern!r} matches no implementation; allowed: {', '.join(IMPL_NAMES)}")
+        chosen |= hits
+    # keep the registry order (peers before ours) whatever order the patterns came in
+    return [i for i in impls if i.name in chosen]

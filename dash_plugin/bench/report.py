@@ -1,0 +1,307 @@
+"""Writers for a results dict: JSON, a markdown table with the target verdicts, a PNG plot.
+
+Everything here reads only the results dict (as written to JSON), so ``dash-bench --from-json``
+can rebuild the reports of an earlier run without a GPU.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+MIB = 2.0 ** 20
+
+
+# ---------------------------------------------------------------------------- access helpers
+def index_cells(results: dict) -> dict:
+    return {(c["point"], c["impl"]): c for c in results["cells"]}
+
+
+def ok_value(cells: dict, point: str, impl: str, metric: str) -> Optional[float]:
+    cell = cells.get((point, impl))
+    if cell is None or cell.get("status") != "ok" or cell.get(metric) is None:
+        return None
+    return float(cell[metric])
+
+
+def impl_names(results: dict) -> list[str]:
+    return [i["name"] for i in results["implementations"]]
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+# ---------------------------------------------------------------------------- targets
+@dataclass(frozen=True)
+class Target:
+    """A ratio with a goal. ``kind``: 'geomean' over every point where both sides were measured,
+    'point' at one point, 'max' (worst case, for memory) over the points."""
+
+    title: str
+    metric: str                 # cell field compared
+    numerator: tuple            # implementations; the best (largest) of them is taken
+    denominator: str
+    goal: float
+    kind: str = "geomean"
+    point: Optional[str] = None
+    higher_is_better: bool = True
+    floor: float = 0.0          # denominator floor (memory: 1 MiB, so 0 bytes does not divide)
+
+    def meets(self, value: float) -> bool:
+        return value >= self.goal if self.higher_is_better else value <= self.goal
+
+
+# The issue's targets. The goals are the project's proposal (the issue names the ratios, not the
+# numbers): FA3-SPT loses 17.5 % to its non-deterministic mode, so 0.85 is "at least as good";
+# Flex is today's deterministic alternative in torch, so beat it; the DASH paper's gains are
+# 1.28x (causal) and 1.22x (full), so 1.05 asks for a clear effect, well above timing noise.
+TARGETS = (
+    Target("det backward (auto) vs SDPA cuDNN non-det backward", "bwd_tflops", ("dash-auto",), "sdpa-cudnn", 0.85),
+    Target("det backward (auto) vs FlexAttention backward", "bwd_tflops", ("dash-auto",), "flex", 1.0),
+    Target("det backward (auto) vs our atomic backward", "bwd_tflops", ("dash-auto",), "dash-atomic", 0.85),
+    Target("DASH: best of descending/shift vs ascending, causal hdim128 S=16k", "bwd_tflops",
+           ("dash-descending", "dash-shift"), "dash-ascending", 1.05, kind="point", point="hdim128-causal-s16384"),
+    Target("DASH: shift vs ascending, full hdim64 S=2k", "bwd_tflops", ("dash-shift",), "dash-ascending", 1.05,
+           kind="point", point="hdim64-full-s2048"),
+    Target("forward vs SDPA cuDNN forward", "fwd_tflops", ("dash-auto",), "sdpa-cudnn", 0.80),
+    Target("extra backward memory, det (auto) vs our atomic (worst point)", "bwd_extra_bytes", ("dash-auto",),
+           "dash-atomic", 1.10, kind="max", higher_is_better=False, floor=MIB),
+)
+
+
+def _best(cells, point, impls, metric) -> Optional[tuple]:
+    found = [(v, name) for name in impls if (v := ok_value(cells, point, name, metric)) is not None]
+    return max(found) if found else None
+
+
+def evaluate_target(target: Target, results: dict) -> dict:
+    """{title, value, goal, op, verdict: met | not met | not measured, detail}."""
+    cells = index_cells(results)
+    keys = [p["key"] for p in results["points"]] if target.kind != "point" else [target.point]
+    ratios = []
+    for key in keys:
+        num = _best(cells, key, target.numerator, target.metric)
+        den = ok_value(cells, key, target.denominator, target.metric)
+        if num is None or den is None:
+            continue
+        ratios.append((num[0] / max(den, target.floor), key, num[1]))
+    op = ">=" if target.higher_is_better else "<="
+    row = {"title": target.title, "goal": target.goal, "op": op, "value": None, "verdict": "not measured",
+           "points": len(ratios), "detail": ""}
+    if not ratios:
+        row["detail"] = (f"needs {' or '.join(target.numerator)} and {target.denominator} measured"
+                         + (f" at {target.point}" if target.point else ""))
+        return row
+    if target.kind == "geomean":
+        row["value"] = geomean(r for r, _, _ in ratios)
+        worst = min(ratios)
+        row["detail"] = f"geomean of {len(ratios)} points; min {worst[0]:.2f} at {worst[1]}"
+    elif target.kind == "max":
+        worst = max(ratios)
+        row["value"] = worst[0]
+        row["detail"] = f"worst of {len(ratios)} points, at {worst[1]}"
+    else:
+        row["value"], _, winner = ratios[0]
+        row["detail"] = f"at {target.point}" + (f" ({winner})" if len(target.numerator) > 1 else "")
+    met = target.meets(row["value"])
+    # A deterministic figure only counts if the determinism check passed wherever it was used.
+    nondet = [k for _, k, name in ratios for name in target.numerator
+              if name.startswith("dash-") and name != "dash-atomic"
+              and cells.get((k, name), {}).get("deterministic") is False]
+    if nondet:
+        met = False
+        row["detail"] += f"; NOT bitwise deterministic at {', '.join(sorted(set(nondet)))}"
+    row["verdict"] = "met" if met else "not met"
+    return row
+
+
+def evaluate_targets(results: dict) -> list[dict]:
+    return [evaluate_target(t, results) for t in TARGETS]
+
+
+# ---------------------------------------------------------------------------- JSON
+def write_json(results: dict, path: str) -> None:
+    """Atomic write (a reader, or a run killed at its time limit, never sees half a file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        results = json.load(f)
+    for field in ("format", "points", "cells", "implementations"):
+        if field not in results:
+            raise ValueError(f"{path}: not a dash-bench results file (no {field!r})")
+    return results
+
+
+# ---------------------------------------------------------------------------- markdown
+def _cell_text(cell: Optional[dict], metric: str) -> str:
+    if cell is None:
+        return ""
+    if cell.get("status") != "ok":
+        return cell.get("status", "?")
+    value = cell.get(metric)
+    if metric == "deterministic":
+        return "yes" if value else f"**no** ({cell['det_mismatches']}/{cell['det_runs'] - 1})"
+    if value is None:
+        return "n/a"
+    if metric.endswith("_bytes"):
+        return f"{value / MIB:.1f}"
+    if metric == "max_rel_err":
+        return f"{value:.1e}"
+    text = f"{value:.1f}" if value >= 10 else f"{value:.3g}"   # CPU runs give tiny figures
+    if metric == "bwd_tflops" and cell.get("deterministic") is False:
+        text += " nd"
+    return text
+
+
+def _metric_table(results: dict, metric: str) -> list[str]:
+    names = impl_names(results)
+    cells = index_cells(results)
+    lines = ["| row | mask | seqlen | B x Hq/Hkv | " + " | ".join(names) + " |",
+             "|---|---|---|---|" + "---|" * len(names)]
+    for p in results["points"]:
+        heads = f"{p['heads_q']}" if p["heads_q"] == p["heads_kv"] else f"{p['heads_q']}/{p['heads_kv']}"
+        texts = [_cell_text(cells.get((p["key"], n)), metric) for n in names]
+        lines.append(f"| {p['row']} | {p['mask']} | {p['seqlen']} | {p['batch']} x {heads} | "
+                     + " | ".join(texts) + " |")
+    return lines
+
+
+def _fmt_value(row: dict) -> str:
+    return "-" if row["value"] is None else f"{row['value']:.2f}x"
+
+
+def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
+    env, cfg = results["env"], results.get("config", {})
+    where = (f"{env.get('gpu')} ({env.get('sm_count')} SMs, sm {env.get('capability')})" if env.get("gpu")
+             else f"CPU ({env.get('cpu')}, {env.get('threads')} threads): pipeline check, not a measurement")
+    out = ["# dash-bench results", "",
+           f"- Device: {where}",
+           f"- Versions: torch {env.get('torch')}, triton {env.get('triton')}, CUDA {env.get('cuda')}, "
+           f"cuDNN {env.get('cudnn')}, Python {env.get('python')}; dash_plugin commit {env.get('git_commit')}",
+           f"- Date: {env.get('date')}; run {'complete' if results.get('complete') else 'INCOMPLETE'}"
+           + (f" ({results.get('stop_reason')})" if results.get("stop_reason") else "")
+           + f"; {results.get('elapsed_s', '?')} s"]
+    if command:
+        out.append(f"- Command: `{command}`")
+    shapes = ("miniature shapes (--tiny)" if cfg.get("mode") == "tiny"
+              else "16k tokens per point, model dim 2048 (heads = 2048 / hdim)")
+    timer = "do_bench, CUDA events" if env.get("device") == "cuda" else "wall clock"
+    out += [f"- Protocol: {shapes}, forward FLOPs "
+            f"4*B*H*S^2*D (halved causal), backward 2.5x; median time ({timer}, warm-up "
+            f"{cfg.get('warmup_ms')} ms, window {cfg.get('rep_ms')} ms); backward = "
+            f"`torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`; determinism: "
+            f"{cfg.get('repeats')} backward passes on the same inputs compared with `torch.equal`.",
+            "", "## Targets (ratios of cells measured in this run)", "",
+            "| target | measured | goal | verdict | detail |", "|---|---|---|---|---|"]
+    for row in evaluate_targets(results):
+        out.append(f"| {row['title']} | {_fmt_value(row)} | {row['op']} {row['goal']:.2f}x | "
+                   f"{row['verdict']} | {row['detail']} |")
+    sections = [
+        ("Backward TFLOP/s", "bwd_tflops", "`nd`: the bitwise check found differing gradients (non-deterministic)."),
+        ("Forward TFLOP/s", "fwd_tflops", "Forward with inputs that require grad (the training forward)."),
+        ("Bitwise-deterministic backward (checked)", "deterministic",
+         "`no (k/n)`: k of the n repeated backward passes differed from the first."),
+        ("Peak extra memory of one backward (MiB)", "bwd_extra_bytes",
+         "max_memory_allocated during one backward, minus memory held before it and minus dq/dk/dv."),
+        ("Max relative error vs the point's reference", "max_rel_err",
+         "max |x - ref| / max |ref| over out, dq, dk, dv; the reference is the first implementation that ran "
+         "at that point (normally an SDPA backend). A large value flags a wrong kernel."),
+    ]
+    for title, metric, note in sections:
+        out += ["", f"## {title}", "", note, ""] + _metric_table(results, metric)
+    out += ["", "## Implementations", "", "| name | what | claims deterministic |", "|---|---|---|"]
+    for impl in results["implementations"]:
+        out.append(f"| {impl['name']} | {impl['description']} | {impl.get('claims_deterministic')} |")
+    for name, reason in results.get("unavailable", {}).items():
+        out.append(f"| {name} | not run: {reason} | |")
+    errors = {}
+    for c in results["cells"]:
+        if c.get("status") not in ("ok", "skipped"):
+            errors.setdefault((c["impl"], c.get("error", "")), []).append(c["point"])
+    if errors:
+        out += ["", "## Errors", ""]
+        for (impl, message), points in errors.items():
+            first_line = message.splitlines()[0][:300] if message else ""
+            out.append(f"- {impl} at {', '.join(points)}: {first_line}")
+    return "\n".join(out) + "\n"
+
+
+def write_markdown(results: dict, path: str, *, command: Optional[str] = None) -> None:
+    with open(path, "w") as f:
+        f.write(render_markdown(results, command=command))
+
+
+# ---------------------------------------------------------------------------- PNG
+def write_plot(results: dict, path: str) -> None:
+    """Backward TFLOP/s against seqlen, one line per implementation, a panel per (row, mask).
+    Solid lines: every measured cell passed the bitwise check; dashed: at least one did not."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = index_cells(results)
+    rows = list(dict.fromkeys(p["row"] for p in results["points"]))
+    masks = list(dict.fromkeys(p["mask"] for p in results["points"]))
+    names = impl_names(results)
+    fig, axes = plt.subplots(len(rows), len(masks), figsize=(5.5 * len(masks), 3.8 * len(rows)),
+                             squeeze=False, sharex=True)
+    colors = plt.get_cmap("tab20").colors
+    for r, row in enumerate(rows):
+        for m, mask in enumerate(masks):
+            ax = axes[r][m]
+            points = [p for p in results["points"] if p["row"] == row and p["mask"] == mask]
+            for n, name in enumerate(names):
+                xs, ys, det = [], [], True
+                for p in points:
+                    value = ok_value(cells, p["key"], name, "bwd_tflops")
+                    if value is not None:
+                        xs.append(p["seqlen"])
+                        ys.append(value)
+                        det = det and bool(cells[(p["key"], name)].get("deterministic"))
+                if xs:
+                    ax.plot(xs, ys, marker="o", markersize=3,
+                            color="black" if name == "dash-auto" else colors[n % len(colors)],
+                            linestyle="-" if det else "--", linewidth=2.0 if name == "dash-auto" else 1.2,
+                            label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{row}, {mask}")
+            ax.set_ylabel("backward TFLOP/s")
+            ax.grid(True, alpha=0.3)
+            if points:
+                ax.set_xticks([p["seqlen"] for p in points])
+                ax.set_xticklabels([str(p["seqlen"]) for p in points], fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("seqlen (16k tokens per point)")
+    handles, labels = {}, {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    if handles:
+        fig.legend(list(handles.values()), list(handles.keys()), loc="center left", bbox_to_anchor=(1.0, 0.5),
+                   fontsize=8, title="solid: checked deterministic")
+    env = results["env"]
+    fig.suptitle(f"dash-bench backward, {env.get('gpu') or 'CPU'}, torch {env.get('torch')}, {env.get('date')}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def write_reports(results: dict, out_dir: str, *, command: Optional[str] = None, stem: str = "results") -> dict:
+    """results.json, results.md, results.png in out_dir; returns their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {ext: os.path.join(out_dir, f"{stem}.{ext}") for ext in ("json", "md", "png")}
+    write_json(results, paths["json"])
+    write_markdown(results, paths["md"], command=command)
+    write_plot(results, paths["png"])
+    return paths

@@ -1,0 +1,341 @@
+"""Measure every (point, implementation) cell: forward and backward time, bitwise determinism of
+the backward, peak extra memory, and the error against the point's first successful implementation.
+
+A cell that fails records its status and message and the run goes on. All figures of one run
+come from one process, so every ratio in the report compares numbers taken side by side.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .peers import Impl, first_output
+from .protocol import Point
+
+FORMAT = "dash-bench/1"
+MIB = 2.0 ** 20
+
+
+@dataclass
+class Settings:
+    repeats: int = 6          # backward passes compared bitwise (>= 2)
+    warmup_ms: float = 25.0   # do_bench warm-up
+    rep_ms: float = 100.0     # do_bench measuring window
+    seed: int = 0
+
+    def __post_init__(self):
+        if not isinstance(self.repeats, int) or self.repeats < 2:
+            raise ValueError(f"repeats must be an int >= 2 (the first backward is compared with the others), "
+                             f"got {self.repeats!r}")
+        if self.warmup_ms < 0 or self.rep_ms <= 0:
+            raise ValueError(f"warmup_ms must be >= 0 and rep_ms > 0, got {self.warmup_ms}, {self.rep_ms}")
+
+
+# ---------------------------------------------------------------------------- timing
+def bench_ms(fn: Callable, device: torch.device, *, warmup_ms: float, rep_ms: float) -> float:
+    """Median milliseconds of fn(): triton.testing.do_bench (CUDA events) on the GPU, wall clock on the CPU."""
+    if device.type == "cuda":
+        try:
+            from triton.testing import do_bench
+        except ImportError:
+            return _cuda_event_bench(fn, warmup_ms, rep_ms)
+        return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    return _wall_clock_bench(fn, warmup_ms, rep_ms)
+
+
+def _runs_for(estimate_ms: float, window_ms: float, lo: int, hi: int) -> int:
+    return int(min(hi, max(lo, window_ms / max(estimate_ms, 1e-3))))
+
+
+def _wall_clock_bench(fn, warmup_ms, rep_ms) -> float:
+    t = time.perf_counter()
+    fn()
+    estimate = (time.perf_counter() - t) * 1e3
+    for _ in range(_runs_for(estimate, warmup_ms, 0, 100)):
+        fn()
+    times = []
+    for _ in range(_runs_for(estimate, rep_ms, 3, 1000)):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def _cuda_event_bench(fn, warmup_ms, rep_ms) -> float:
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    estimate = start.elapsed_time(end)
+    for _ in range(_runs_for(estimate, warmup_ms, 0, 100)):
+        fn()
+    times = []
+    for _ in range(_runs_for(estimate, rep_ms, 3, 1000)):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------- memory
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def measure_extra_memory(fn: Callable, device: torch.device):
+    """Run fn once; return (its result, peak bytes allocated during it beyond what it returns).
+
+    Tensors that exist before the call (inputs, the forward's output and saved activations) are
+    the baseline; what fn returns (out, or dq/dk/dv) is subtracted from the peak, so the figure is
+    the workspace: fp32 dQ accumulators, semaphores, split buffers, saved statistics.
+    None on the CPU, which has no allocator statistics.
+    """
+    if device.type != "cuda":
+        return fn(), None
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    result = fn()
+    _sync(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    returned = [result] if isinstance(result, torch.Tensor) else list(result)
+    return result, max(0, peak - base - _nbytes(returned))
+
+
+# ---------------------------------------------------------------------------- inputs and checks
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def make_inputs(point: Point, device: torch.device, seed: int):
+    """q, k, v, dout in (B, S, H, D), random normal (never all zeros), the same for every implementation."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = DTYPES[point.dtype]
+
+    def rand(heads):
+        x = torch.randn(point.batch, point.seqlen, heads, point.hdim, generator=gen, dtype=torch.float32)
+        return x.to(device=device, dtype=dtype)
+    return rand(point.heads_q), rand(point.heads_kv), rand(point.heads_kv), rand(point.heads_q)
+
+
+def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|, in fp32."""
+    a, b = a.float(), b.float()
+    scale = b.abs().max().item()
+    return (a - b).abs().max().item() / (scale if scale > 0 else 1.0)
+
+
+def _all_finite(tensors) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def classify_error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    if "No available kernel" in text:
+        return "refused"
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
+    if isinstance(exc, oom) or "out of memory" in text.lower():
+        return "oom"
+    return "error"
+
+
+def device_usable(device: torch.device) -> bool:
+    """After an error on the GPU: can we still launch work? (An illegal address poisons the context.)"""
+    if device.type != "cuda":
+        return True
+    try:
+        torch.zeros(1, device=device).add_(1)
+        torch.cuda.synchronize(device)
+        return True
+    except Exception:
+        return False
+
+
+# ---------------------------------------------------------------------------- one cell
+def run_cell(impl: Impl, point: Point, inputs, device: torch.device, settings: Settings,
+             reference: Optional[dict]) -> tuple[dict, Optional[dict]]:
+    """Measure one implementation at one point. Returns (cell, tensors for the accuracy reference or None)."""
+    cell = {"point": point.key, "impl": impl.name, "status": "ok"}
+    started = time.perf_counter()
+    ref_tensors = None
+    try:
+        with impl.context():
+            fn = impl.build(point, device)
+            q, k, v = (impl.from_bshd(x).detach().requires_grad_() for x in inputs[:3])
+            dout = impl.from_bshd(inputs[3])
+
+            def forward():
+                return first_output(fn(q, k, v))
+
+            # Warm-up: compiles (Triton, torch.compile) and the allocator's first growth stay out of
+            # every figure below.
+            out = forward()
+            torch.autograd.grad(out, (q, k, v), dout)
+            del out
+            _sync(device)
+
+            out, cell["fwd_extra_bytes"] = measure_extra_memory(forward, device)
+
+            def backward():
+                return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+
+            first, cell["bwd_extra_bytes"] = measure_extra_memory(backward, device)
+            if not _all_finite([out, *first]):
+                raise FloatingPointError("non-finite values in the output or the gradients")
+
+            # Determinism, checked: every further backward on the same inputs must equal the first bitwise.
+            mismatches = 0
+            for _ in range(settings.repeats - 1):
+                again = backward()
+                if not all(torch.equal(a, b) for a, b in zip(first, again)):
+                    mismatches += 1
+                del again
+            cell["det_runs"] = settings.repeats
+            cell["det_mismatches"] = mismatches
+            cell["deterministic"] = mismatches == 0
+
+            cell["fwd_ms"] = bench_ms(forward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
+            cell["bwd_ms"] = bench_ms(backward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
+            cell["fwd_tflops"] = point.fwd_flops / (cell["fwd_ms"] * 1e-3) / 1e12
+            cell["bwd_tflops"] = point.bwd_flops / (cell["bwd_ms"] * 1e-3) / 1e12
+
+            mine = {"out": impl.to_bshd(out.detach()),
+                    **{n: impl.to_bshd(g) for n, g in zip(("dq", "dk", "dv"), first)}}
+            if reference is None:
+                ref_tensors = {"impl": impl.name, **mine}
+                cell["max_rel_err"] = 0.0
+            else:
+                cell["max_rel_err"] = max(max_rel_err(mine[n], reference[n]) for n in ("out", "dq", "dk", "dv"))
+            cell["err_ref"] = impl.name if reference is None else reference["impl"]
+            del out, first, mine, q, k, v, dout
+    except Exception as exc:  # a failing implementation must never stop the run
+        cell["status"] = classify_error(exc)
+        cell["error"] = f"{type(exc).__name__}: {str(exc).strip()}"[:2000]
+        ref_tensors = None
+    cell["seconds"] = round(time.perf_counter() - started, 3)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return cell, ref_tensors
+
+
+# ---------------------------------------------------------------------------- environment
+def _git_commit() -> Optional[str]:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except Exception:
+        return None
+
+
+def environment(device: torch.device) -> dict:
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:
+        triton_version = None
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device.type,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git_commit": _git_commit(),
+        "gpu": None,
+        "sm_count": None,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu=props.name, sm_count=props.multi_processor_count,
+                   capability=f"{props.major}.{props.minor}", gpu_memory_gib=round(props.total_memory / 2 ** 30, 1))
+    else:
+        env.update(cpu=platform.processor() or platform.machine(), threads=torch.get_num_threads())
+    return env
+
+
+# ---------------------------------------------------------------------------- the run
+def _fmt_cell(cell: dict) -> str:
+    if cell["status"] != "ok":
+        return f"{cell['status']}: {cell.get('error', '')[:160]}"
+    mem = cell.get("bwd_extra_bytes")
+    mem_s = f", bwd extra {mem / MIB:.1f} MiB" if mem is not None else ""
+    det = "yes" if cell["deterministic"] else f"NO ({cell['det_mismatches']}/{cell['det_runs'] - 1} differ)"
+    return (f"fwd {cell['fwd_tflops']:.1f} TFLOP/s, bwd {cell['bwd_tflops']:.1f} TFLOP/s, det {det}{mem_s}, "
+            f"err {cell['max_rel_err']:.1e}")
+
+
+def run_benchmark(points: list[Point], impls: list[Impl], device: torch.device, settings: Settings, *,
+                  unavailable: Optional[dict] = None, config: Optional[dict] = None,
+                  max_minutes: Optional[float] = None, log: Callable[[str], None] = print,
+                  on_point_done: Optional[Callable[[dict], None]] = None) -> dict:
+    """Measure every cell; returns the results dict (the JSON written by report.write_json).
+
+    ``max_minutes``: once the budget is spent, the remaining cells are recorded as skipped and the
+    run ends cleanly. ``on_point_done`` gets the results so far after every point (for saving).
+    """
+    started = time.perf_counter()
+    deadline = None if max_minutes is None else started + 60.0 * max_minutes
+    results = {
+        "format": FORMAT,
+        "env": environment(device),
+        "config": dict(config or {}, repeats=settings.repeats, warmup_ms=settings.warmup_ms,
+                       rep_ms=settings.rep_ms, seed=settings.seed, max_minutes=max_minutes),
+        "implementations": [i.describe() for i in impls],
+        "unavailable": dict(unavailable or {}),
+        "points": [p.to_dict() for p in points],
+        "cells": [],
+        "complete": False,
+    }
+    stop_reason = None
+    total = len(points) * len(impls)
+    done = 0
+    for n, point in enumerate(points, 1):
+        log(f"[{n}/{len(points)}] {point.key}: B={point.batch} S={point.seqlen} Hq={point.heads_q} "
+            f"Hkv={point.heads_kv} D={point.hdim} {point.mask} {point.dtype}")
+        inputs = make_inputs(point, device, settings.seed + n) if stop_reason is None else None
+        reference = None
+        for impl in impls:
+            done += 1
+            if stop_reason is None and deadline is not None and time.perf_counter() > deadline:
+                stop_reason = f"time budget of {max_minutes} min spent"
+                log(f"  stopping: {stop_reason}; the remaining cells are marked skipped")
+            if stop_reason is not None:
+                results["cells"].append({"point": point.key, "impl": impl.name, "status": "skipped",
+                                         "error": stop_reason})
+                continue
+            log(f"  ({done}/{total}) {impl.name} ...")
+            cell, ref = run_cell(impl, point, inputs, device, settings, reference)
+            if reference is None and ref is not None:
+                reference = ref
+            results["cells"].append(cell)
+            log(f"  ({done}/{total}) {impl.name}: {_fmt_cell(cell)}  [{cell['seconds']:.1f}s]")
+            if cell["status"] != "ok" and not device_usable(device):
+                stop_reason = f"the GPU context is unusable after {impl.name} failed at {point.key}"
+                log(f"  stopping: {stop_reason}")
+        del inputs, reference
+        results["elapsed_s"] = round(time.perf_counter() - started, 1)
+        if on_point_done is not None:
+            on_point_done(results)
+    results["complete"] = stop_reason is None
+    results["stop_reason"] = stop_reason
+    results["elapsed_s"] = round(time.perf_counter() - started, 1)
+    return results
