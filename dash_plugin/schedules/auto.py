@@ -1,0 +1,67 @@
+"""`auto`: a fixed rule that picks a deterministic schedule per shape.
+
+The rule is data (auto_table.py, a plain list of rules): the same shape always gives the
+same schedule on every machine and run, so `auto` never breaks bit-reproducibility. No timing is
+taken at run time (DESIGN.md rule 2).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from . import auto_table
+from .builders import ORDERED_SCHEDULES
+
+_KEYS = {"mask", "head_dim_max", "seqlen_max", "equal_lengths", "varlen", "schedule", "source"}
+
+
+@lru_cache(maxsize=1)
+def load_rules() -> tuple[dict, ...]:
+    rules = auto_table.RULES
+    for k, rule in enumerate(rules):
+        unknown = set(rule) - _KEYS
+        if unknown:
+            raise ValueError(f"auto_table.py rule {k}: unknown keys {sorted(unknown)}")
+        if rule.get("mask") not in ("full", "causal", "window"):
+            raise ValueError(f"auto_table.py rule {k}: mask must be full, causal or window")
+        if rule.get("schedule") not in ORDERED_SCHEDULES:
+            raise ValueError(f"auto_table.py rule {k}: schedule must be one of "
+                             f"{', '.join(ORDERED_SCHEDULES)}, got {rule.get('schedule')!r}")
+    if not any(set(r) <= {"mask", "schedule", "source"} for r in rules if r["mask"] == "full") or \
+            not any(set(r) <= {"mask", "schedule", "source"} for r in rules if r["mask"] == "causal"):
+        raise ValueError("auto_table.py needs a catch-all rule for full and for causal masks")
+    return tuple(rules)
+
+
+def mask_kind(causal: bool, window_left: int, window_right: int) -> str:
+    """full, causal (window_right 0, no left window; causal=True implies it) or window."""
+    wr = 0 if causal else window_right
+    if window_left < 0 and wr < 0:
+        return "full"
+    if window_left < 0 and wr == 0:
+        return "causal"
+    return "window"
+
+
+def choose_schedule(*, causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int,
+                    window_left: int = -1, window_right: int = -1, varlen: bool = False) -> str:
+    """A concrete deterministic schedule (ascending, spt, descending or shift) for this shape."""
+    for name, v in (("head_dim", head_dim), ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "head_dim" else 0):
+            raise ValueError(f"choose_schedule: {name} must be a {'positive' if name == 'head_dim' else 'non-negative'} int, got {v!r}")
+    if causal and window_right > 0:
+        raise ValueError(f"choose_schedule: causal=True needs window_right 0 or -1, got {window_right}")
+    kind = mask_kind(causal, window_left, window_right)
+    seqlen = max(seqlen_q, seqlen_k)
+    for rule in load_rules():
+        if rule["mask"] != kind:
+            continue
+        if rule.get("head_dim_max") is not None and head_dim > rule["head_dim_max"]:
+            continue
+        if rule.get("seqlen_max") is not None and seqlen > rule["seqlen_max"]:
+            continue
+        if "equal_lengths" in rule and rule["equal_lengths"] != (seqlen_q == seqlen_k):
+            continue
+        if "varlen" in rule and rule["varlen"] != bool(varlen):
+            continue
+        return rule["schedule"]
+    return "descending"  # only reachable for a window mask without a window rule

@@ -1,0 +1,167 @@
+"""`dash-schedule`: makespan table of the schedules for one shape, and Gantt pictures.
+
+Example:
+    dash-schedule --seqlen 8192 --hdim 128 --causal --schedules ascending,descending,shift --png out/
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .builders import ALL_SCHEDULES, build_schedule
+from .simulate import simulate
+
+# FA3 sm90 backward tiles (block_m, block_n) per head dim, causal / full (dash-schedules.md 6).
+# Only a default for the model; pass --block-m/--block-n for other kernels.
+FA3_TILES = {64: ((128, 128), (128, 128)), 96: ((64, 128), (64, 128)),
+             128: ((64, 128), (80, 128)), 192: ((64, 96), (64, 96)), 256: ((64, 80), (64, 80))}
+
+
+def default_tiles(hdim: int, causal: bool) -> tuple[int, int]:
+    for d in sorted(FA3_TILES):
+        if hdim <= d:
+            return FA3_TILES[d][0 if causal else 1]
+    raise ValueError(f"--hdim {hdim}: allowed 1..256")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # exit 2 with argparse's message, which names flag and value
+        self.print_usage(sys.stderr)
+        self.exit(2, f"dash-schedule: error: {message}\n")
+
+
+def _bad(flag, value, allowed):
+    raise SystemExit(f"dash-schedule: error: {flag} {value!r} is not allowed; allowed: {allowed}")
+
+
+def parse_args(argv):
+    p = _Parser(prog="dash-schedule", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seqlen", type=int, help="query and key length (or use --seqlen-q/--seqlen-k)")
+    p.add_argument("--seqlen-q", type=int)
+    p.add_argument("--seqlen-k", type=int)
+    p.add_argument("--varlen", type=str, default=None,
+                   help="comma-separated sequence lengths of a packed batch (q = k); replaces --seqlen")
+    p.add_argument("--hdim", type=int, default=128, help="head dim (picks default tiles)")
+    p.add_argument("--heads", type=int, default=None, help="query heads (default 2048 // hdim)")
+    p.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA; default = heads)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--window-left", type=int, default=-1)
+    p.add_argument("--window-right", type=int, default=-1)
+    p.add_argument("--block-m", type=int, default=None)
+    p.add_argument("--block-n", type=int, default=None)
+    p.add_argument("--group-size", type=int, default=None, help="G (default: rule in README)")
+    p.add_argument("--sms", type=int, default=132, help="SMs in the model (default 132)")
+    p.add_argument("--assignment", default="dynamic", help="dynamic (first free SM) or static")
+    p.add_argument("--c", type=float, default=1.0, help="compute cost per (Q, KV) tile pair")
+    p.add_argument("--r", type=float, default=0.5, help="ordered reduction cost per pair")
+    p.add_argument("--schedules", default="ascending,spt,descending,shift",
+                   help=f"comma-separated, from {','.join(ALL_SCHEDULES)}")
+    p.add_argument("--png", default=None, help="write one Gantt PNG per schedule into this folder")
+    a = p.parse_args(argv)
+
+    names = [s.strip() for s in a.schedules.split(",") if s.strip()]
+    for s in names:
+        if s not in ALL_SCHEDULES:
+            _bad("--schedules", s, ", ".join(ALL_SCHEDULES))
+    if not names:
+        _bad("--schedules", a.schedules, ", ".join(ALL_SCHEDULES))
+    a.schedule_names = names
+    if a.assignment not in ("dynamic", "static"):
+        _bad("--assignment", a.assignment, "dynamic, static")
+    if not 1 <= a.hdim <= 256:
+        _bad("--hdim", a.hdim, "1..256")
+    if a.varlen is not None:
+        try:
+            lens = [int(x) for x in a.varlen.split(",")]
+        except ValueError:
+            _bad("--varlen", a.varlen, "comma-separated non-negative ints")
+        if not lens or min(lens) < 0:
+            _bad("--varlen", a.varlen, "comma-separated non-negative ints")
+        a.seqlens_q = a.seqlens_k = lens
+    else:
+        sq = a.seqlen_q if a.seqlen_q is not None else a.seqlen
+        sk = a.seqlen_k if a.seqlen_k is not None else a.seqlen
+        if sq is None or sk is None:
+            _bad("--seqlen", None, "a positive int (or --seqlen-q and --seqlen-k, or --varlen)")
+        for flag, v in (("--seqlen-q", sq), ("--seqlen-k", sk)):
+            if v < 1:
+                _bad(flag, v, "a positive int")
+        a.seqlens_q, a.seqlens_k = [sq] * a.batch, [sk] * a.batch
+    if a.batch < 1:
+        _bad("--batch", a.batch, "a positive int")
+    if a.heads is None:
+        a.heads = max(1, 2048 // a.hdim)
+    if a.kv_heads is None:
+        a.kv_heads = a.heads
+    if a.heads < 1:
+        _bad("--heads", a.heads, "a positive int")
+    if a.kv_heads < 1 or a.heads % a.kv_heads:
+        _bad("--kv-heads", a.kv_heads, f"a positive divisor of --heads {a.heads}")
+    if a.sms < 1:
+        _bad("--sms", a.sms, "a positive int")
+    if a.c < 0 or a.r < 0:
+        _bad("--c/--r", (a.c, a.r), "non-negative costs")
+    if a.causal and a.window_right > 0:
+        _bad("--window-right", a.window_right, "0 or -1 with --causal")
+    bm, bn = default_tiles(a.hdim, a.causal)
+    a.block_m = a.block_m if a.block_m is not None else bm
+    a.block_n = a.block_n if a.block_n is not None else bn
+    for flag, v in (("--block-m", a.block_m), ("--block-n", a.block_n)):
+        if v < 1:
+            _bad(flag, v, "a positive int")
+    if a.group_size is not None and a.group_size < 1:
+        _bad("--group-size", a.group_size, "a positive int")
+    return a
+
+
+def run(a, out=sys.stdout):
+    kw = dict(seqlens_q=a.seqlens_q, seqlens_k=a.seqlens_k, block_m=a.block_m, block_n=a.block_n,
+              causal=a.causal, window_left=a.window_left, window_right=a.window_right,
+              group_size=a.group_size)
+    sim_kw = dict(num_heads=a.heads, num_kv_heads=a.kv_heads, num_sms=a.sms, c=a.c, r=a.r,
+                  assignment=a.assignment)
+    names = list(a.schedule_names)
+    record = a.png is not None
+    results = {}
+    for name in dict.fromkeys(names + ["ascending"]):
+        sched = build_schedule(name, **kw)
+        results[name] = (sched, simulate(sched, record=record and name in names, **sim_kw))
+    base = results["ascending"][1].makespan
+    print(f"shape: seqlens_q={_short(a.seqlens_q)} seqlens_k={_short(a.seqlens_k)} "
+          f"heads={a.heads} kv_heads={a.kv_heads} tiles {a.block_m}x{a.block_n} "
+          f"causal={a.causal} window=({a.window_left},{a.window_right}) SMs={a.sms} "
+          f"{a.assignment} c={a.c:g} r={a.r:g}", file=out)
+    print(f"{'schedule':<11} {'makespan':>10} {'vs asc':>7} {'bubbles':>8}  variant", file=out)
+    for name in names:
+        sched, res = results[name]
+        variants = ", ".join(sorted(set(sched.variants)))
+        speed = base / res.makespan if res.makespan else 1.0
+        print(f"{name:<11} {res.makespan:>10g} {speed:>6.3f}x {100 * res.bubble_fraction:>7.1f}%"
+              f"  {variants}", file=out)
+    print("vs asc = ascending makespan / this makespan (> 1: faster than the FA3 baseline)", file=out)
+    if record:
+        from .gantt import draw_gantt
+        os.makedirs(a.png, exist_ok=True)
+        xmax = max(results[n][1].makespan for n in names) * 1.01
+        mask = "causal" if a.causal else ("window" if a.window_left >= 0 or a.window_right >= 0 else "full")
+        for name in names:
+            path = os.path.join(a.png, f"{name}.png")
+            draw_gantt(results[name][1], path, xmax=xmax,
+                       title=f"{name} ({mask}, {a.heads} heads, {a.sms} SMs)")
+            print(f"wrote {path}", file=out)
+    return results
+
+
+def _short(lens):
+    return str(lens[0]) if len(set(lens)) == 1 and len(lens) == 1 else str(lens)
+
+
+def main(argv=None) -> int:
+    run(parse_args(sys.argv[1:] if argv is None else argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
