@@ -72,8 +72,7 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
     total = _steps_in(train_args)
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")  # the same string hashing in every run
-    bars = [tqdm(total=total, desc=f"{desc}{d.name}", unit="step", position=i, leave=True, dynamic_ncols=True)
-            for i, d in enumerate(out_dirs)]
+    bars = {}  # index -> bar, created when that run starts (so its clock is the run's)
     pending = list(enumerate(out_dirs))
     running: list[tuple[int, Path, subprocess.Popen, object]] = []
     try:
@@ -87,11 +86,14 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
                 log.write("$ " + " ".join(cmd) + "\n")
                 log.flush()
                 running.append((i, d, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+                bars[i] = tqdm(total=total, desc=f"{desc}{d.name}", unit="step", position=i, leave=True,
+                               dynamic_ncols=True, mininterval=0.5)
             time.sleep(0.2)
             for item in list(running):
                 i, d, proc, log = item
-                bars[i].n = min(total, _count_lines(d / "steps.jsonl"))
-                bars[i].refresh()
+                done = min(total, _count_lines(d / "steps.jsonl"))
+                if done > bars[i].n:
+                    bars[i].update(done - bars[i].n)
                 if proc.poll() is not None:
                     log.close()
                     running.remove(item)
@@ -104,7 +106,7 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
             proc.kill()
             proc.wait()
             log.close()
-        for b in bars:
+        for b in bars.values():
             b.close()
 
 

@@ -29,7 +29,11 @@ class StepDifference:
         parts = [f"{k} {a} vs {b}" for k, (a, b) in self.scalars.items()]
         for kind, names in self.tensors.items():
             if names:
-                what = "weights" if kind == "params" else "grads"
+                what = "weights" if kind == "params" else "grads (in backward order)"
+                if kind == "grads":
+                    # The backward computes the last layers' gradients first: the first name shown is
+                    # the earliest computed gradient that differs, i.e. where the difference entered.
+                    names = names[::-1]
                 shown = ", ".join(f"{n} ({layer_of(n)})" for n in names[:limit])
                 more = f" and {len(names) - limit} more" if len(names) > limit else ""
                 layers = sorted({layer_of(n) for n in names}, key=_layer_key)
