@@ -13,6 +13,7 @@ import os
 import shlex
 import sys
 
+QUICK_BUDGET_MIN = 2.75   # --quick promises under 3 minutes: what is left is recorded as skipped
 MODE_TIMING = {"full": (25.0, 100.0), "quick": (10.0, 50.0), "tiny": (2.0, 20.0)}   # warm-up, window (ms)
 
 
@@ -50,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rep-ms", type=float, default=None, help="do_bench measuring window (default 100; quick 50)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-minutes", type=float, default=None,
-                    help="time budget: cells after it are recorded as skipped and the reports are still written")
+                    help="time budget: cells after it are recorded as skipped and the reports are still "
+                         f"written (default: none; --quick: {QUICK_BUDGET_MIN})")
     ap.add_argument("--out", default="dash-bench-out", help="output folder (default ./dash-bench-out)")
     ap.add_argument("--from-json", default=None, metavar="RESULTS",
                     help="do not run: rebuild the reports (and/or the auto table) from a results.json")
@@ -126,7 +128,7 @@ def _main(args, command) -> int:
     impls = [i for i in candidates if i.name not in unavailable]
     if args.list:
         for impl in peers.all_impls():
-            state = "runs here" if impl in impls else (unavailable.get(impl.name) or "not selected")
+            state = "runs here" if impl.name in {i.name for i in impls} else (unavailable.get(impl.name) or "not selected")
             print(f"{impl.name:20s} {state:40s} {impl.description}")
         return 0
     for name, reason in unavailable.items():
@@ -141,6 +143,8 @@ def _main(args, command) -> int:
                                warmup_ms=warmup if args.warmup_ms is None else args.warmup_ms,
                                rep_ms=rep if args.rep_ms is None else args.rep_ms)
     points = _points(args)
+    if mode == "quick" and args.max_minutes is None:
+        args.max_minutes = QUICK_BUDGET_MIN
     print(f"dash-bench ({mode}): {len(points)} points x {len(impls)} implementations on "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}")
     os.makedirs(args.out, exist_ok=True)

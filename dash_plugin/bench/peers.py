@@ -35,6 +35,7 @@ class Impl:
     claims_deterministic: Optional[bool] = None   # what the implementation promises (checked separately)
     schedule: Optional[str] = None
     probe: Callable[[], Optional[str]] = lambda: None   # reason it is unavailable, or None
+    call_info: Optional[Callable[[torch.Tensor], dict]] = None   # facts about the last call, kept in the cell
     tags: dict = field(default_factory=dict)
 
     def unavailable_reason(self, device: torch.device) -> Optional[str]:
@@ -96,6 +97,25 @@ def _dash_build(schedule: str):
     return build
 
 
+def _dash_call_info(q: torch.Tensor) -> dict:
+    """What our last call really ran: the concrete schedule (what ``auto`` chose) and the kernel
+    (Triton, or the plain-PyTorch reference, which would make a GPU figure meaningless)."""
+    info = {}
+    try:
+        from dash_plugin.config import last_resolved
+        resolved = last_resolved()
+        if resolved is not None:
+            info["schedule_resolved"] = resolved.concrete_schedule or resolved.schedule
+    except Exception:
+        pass
+    try:
+        from dash_plugin import ops
+        info["kernel"] = "reference" if ops._backend(q) is None else "triton"
+    except Exception:
+        pass
+    return info
+
+
 def _dash_impls() -> list[Impl]:
     impls = []
     for schedule in DASH_SCHEDULES:
@@ -104,7 +124,8 @@ def _dash_impls() -> list[Impl]:
                 else f"forward + deterministic backward, schedule '{schedule}'")
         impls.append(Impl(name=f"dash-{schedule}", family="dash", description=f"dash_plugin {what}",
                           layout="bshd", build=_dash_build(schedule), devices=("cuda", "cpu"),
-                          claims_deterministic=det, schedule=schedule, probe=_dash_probe))
+                          claims_deterministic=det, schedule=schedule, probe=_dash_probe,
+                          call_info=_dash_call_info))
     return impls
 
 

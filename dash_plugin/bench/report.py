@@ -196,6 +196,15 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
     shapes = ("miniature shapes (--tiny)" if cfg.get("mode") == "tiny"
               else "16k tokens per point, model dim 2048 (heads = 2048 / hdim)")
     timer = "do_bench, CUDA events" if env.get("device") == "cuda" else "wall clock"
+    on_reference = sorted({f"{c['impl']}@{c['point']}" for c in results["cells"]
+                           if c.get("kernel") == "reference" and env.get("device") == "cuda"})
+    if on_reference:
+        out.append(f"- **WARNING: our cells ran the plain-PyTorch reference, not the Triton kernels** "
+                   f"(figures not comparable): {', '.join(on_reference[:8])}" + (" ..." if len(on_reference) > 8 else ""))
+    resolved = {c["point"]: c["schedule_resolved"] for c in results["cells"]
+                if c["impl"] == "dash-auto" and c.get("schedule_resolved")}
+    if resolved:
+        out.append("- dash-auto ran: " + ", ".join(f"{k} -> {v}" for k, v in resolved.items()))
     out += [f"- Protocol: {shapes}, forward FLOPs "
             f"4*B*H*S^2*D (halved causal), backward 2.5x; median time ({timer}, warm-up "
             f"{cfg.get('warmup_ms')} ms, window {cfg.get('rep_ms')} ms); backward = "

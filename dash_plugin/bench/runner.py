@@ -186,6 +186,8 @@ def run_cell(impl: Impl, point: Point, inputs, device: torch.device, settings: S
             # Warm-up: compiles (Triton, torch.compile) and the allocator's first growth stay out of
             # every figure below.
             out = forward()
+            if impl.call_info is not None:
+                cell.update(impl.call_info(q))
             torch.autograd.grad(out, (q, k, v), dout)
             del out
             _sync(device)

@@ -1,0 +1,291 @@
+"""dash-bench: FLOP formulas, the shape list, the determinism check, the report writers and the
+auto table on synthetic results, and the tiny CPU run end to end."""
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dash_plugin.bench import autotable, cli, peers, protocol, report, runner
+from dash_plugin.bench.protocol import Point
+
+
+# ---------------------------------------------------------------------------- protocol
+def test_flop_formulas_hand_computed():
+    # 4 * 32 * 16 * 512^2 * 128 = 68,719,476,736
+    assert protocol.fwd_flops(32, 16, 512, 128, causal=False) == 68_719_476_736
+    assert protocol.fwd_flops(32, 16, 512, 128, causal=True) == 34_359_738_368
+    assert protocol.bwd_flops(32, 16, 512, 128, causal=False) == 171_798_691_840
+    # 4 * 1 * 8 * 16384^2 * 256 = 2^2 * 2^3 * 2^28 * 2^8 = 2^41
+    assert protocol.fwd_flops(1, 8, 16384, 256, causal=False) == 2 ** 41
+    assert protocol.bwd_flops(1, 8, 16384, 256, causal=True) == 2.5 * 2 ** 40
+
+
+def test_protocol_points_shapes():
+    points = protocol.protocol_points()
+    assert len(points) == 24
+    assert sorted({(p.batch, p.seqlen) for p in points}) == [
+        (1, 16384), (2, 8192), (4, 4096), (8, 2048), (16, 1024), (32, 512)]
+    assert {(p.hdim, p.heads_q, p.heads_kv) for p in points} == {(64, 32, 32), (128, 16, 16)}
+    assert all(p.dtype == "bfloat16" for p in points)
+    # 16k tokens, model dim 2048: every full point does 4 * 16384 * 2048 * S forward FLOPs
+    for p in points:
+        assert p.fwd_flops == 4 * 16384 * 2048 * p.seqlen / (2 if p.causal else 1)
+    assert points[0].key == "hdim64-causal-s512"
+    gqa = protocol.protocol_points(hdims=(256,), gqa=True)
+    assert {(p.hdim, p.heads_q, p.heads_kv) for p in gqa} == {(256, 8, 8), (128, 16, 4)}
+    assert "hdim128-gqa4-full-s16384" in {p.key for p in gqa}
+    assert [p.key for p in protocol.quick_points()] == [
+        "hdim128-causal-s2048", "hdim128-full-s2048", "hdim128-causal-s8192", "hdim128-full-s8192",
+        "hdim64-causal-s2048", "hdim64-full-s2048"]
+
+
+def test_protocol_rejects_bad_input():
+    with pytest.raises(ValueError, match="seqlen must divide 16384"):
+        protocol.protocol_points(seqlens=(3000,))
+    with pytest.raises(ValueError, match="mask must be one of"):
+        protocol.protocol_points(masks=("sliding",))
+    with pytest.raises(ValueError, match="heads_q"):
+        Point(batch=1, seqlen=8, heads_q=6, heads_kv=4, hdim=64, causal=False)
+
+
+def test_select_impls():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [i.name for i in peers.select_impls("dash-s*,sdpa-cudnn", cpu)] == [
+        "sdpa-cudnn", "dash-spt", "dash-shift", "dash-split"]
+    names = [i.name for i in peers.select_impls(None, cuda)]
+    assert "sdpa-math" not in names and {"flex", "sdpa-det", "dash-auto", "fa4-det"} <= set(names)
+    assert [i.name for i in peers.select_impls(None, cpu, tiny=True)][:2] == ["sdpa-math", "dash-auto"]
+    with pytest.raises(ValueError, match="'dash-fast' matches no implementation"):
+        peers.select_impls("dash-fast", cpu)
+
+
+# ---------------------------------------------------------------------------- the determinism check
+class _NoisyIdentity(torch.autograd.Function):
+    """Identity whose backward adds fresh noise: a deliberately nondeterministic gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad + 1e-3 * torch.rand_like(grad)
+
+
+def _fake_impl(name, transform=None, fail=None):
+    def build(point, device):
+        def fn(q, k, v):
+            if fail is not None:
+                raise fail
+            q = transform(q) if transform else q
+            return F.scaled_dot_product_attention(q, k, v, is_causal=point.causal)
+        return fn
+    return peers.Impl(name=name, family="test", description=name, layout="bhsd", build=build, devices=("cpu",))
+
+
+_SMALL = Point(batch=1, seqlen=64, heads_q=2, heads_kv=2, hdim=32, causal=True, dtype="float32")
+_FAST = runner.Settings(repeats=6, warmup_ms=0.0, rep_ms=1.0)
+
+
+def test_determinism_check_detects_nondeterministic_fake():
+    inputs = runner.make_inputs(_SMALL, torch.device("cpu"), seed=1)
+    good, ref = runner.run_cell(_fake_impl("plain"), _SMALL, inputs, torch.device("cpu"), _FAST, None)
+    noisy, _ = runner.run_cell(_fake_impl("noisy", _NoisyIdentity.apply), _SMALL, inputs, torch.device("cpu"),
+                               _FAST, ref)
+    assert good["status"] == "ok" and good["deterministic"] is True and good["det_mismatches"] == 0
+    assert noisy["status"] == "ok" and noisy["deterministic"] is False
+    assert noisy["det_mismatches"] == 5 and noisy["det_runs"] == 6
+    # the noise shows in dq only, and the error against the first implementation is measured
+    assert 0 < noisy["max_rel_err"] < 1e-2 and good["max_rel_err"] == 0.0 and noisy["err_ref"] == "plain"
+    assert good["bwd_tflops"] > 0 and good["fwd_ms"] > 0
+
+
+def test_failing_implementations_get_error_cells_and_the_run_goes_on():
+    impls = [_fake_impl("refuses", fail=RuntimeError("No available kernel. Aborting execution.")),
+             _fake_impl("breaks", fail=KeyError("boom")), _fake_impl("plain")]
+    points = [_SMALL, Point(batch=2, seqlen=32, heads_q=2, heads_kv=2, hdim=32, causal=False, dtype="float32")]
+    res = runner.run_benchmark(points, impls, torch.device("cpu"), _FAST, log=lambda s: None)
+    status = {(c["point"], c["impl"]): c["status"] for c in res["cells"]}
+    assert status == {(p.key, n): s for p in points
+                      for n, s in (("refuses", "refused"), ("breaks", "error"), ("plain", "ok"))}
+    assert res["complete"] is True and "KeyError" in res["cells"][1]["error"]
+    # the reference of a point is the first implementation that ran there, not a failed one
+    assert res["cells"][2]["err_ref"] == "plain"
+
+
+def test_time_budget_skips_cells_cleanly():
+    res = runner.run_benchmark([_SMALL], [_fake_impl("plain")], torch.device("cpu"), _FAST,
+                               max_minutes=0.0, log=lambda s: None)
+    assert [c["status"] for c in res["cells"]] == ["skipped"]
+    assert res["complete"] is False and "time budget" in res["stop_reason"]
+
+
+# ---------------------------------------------------------------------------- reports on synthetic results
+def _synthetic_results():
+    pts = [protocol.protocol_point(128, 16384, True), protocol.protocol_point(64, 2048, False),
+           protocol.protocol_point(64, 8192, False)]
+    keys = [p.key for p in pts]
+    bwd = {  # impl -> backward TFLOP/s at the three points
+        "sdpa-cudnn": (500.0, 400.0, 440.0), "flex": (370.0, 300.0, 330.0), "dash-atomic": (520.0, 420.0, 450.0),
+        "dash-ascending": (400.0, 300.0, 420.0), "dash-descending": (480.0, 310.0, 400.0),
+        "dash-shift": (440.0, 360.0, 430.0), "dash-split": (300.0, 200.0, 250.0), "dash-auto": (480.0, 360.0, 430.0),
+    }
+    cells = []
+    for impl, values in bwd.items():
+        for key, p, v in zip(keys, pts, values):
+            cells.append({"point": key, "impl": impl, "status": "ok", "bwd_tflops": v,
+                          "fwd_tflops": 600.0 if impl == "sdpa-cudnn" else 540.0,
+                          "bwd_ms": p.bwd_flops / v / 1e9, "deterministic": impl not in ("sdpa-cudnn", "dash-atomic"),
+                          "det_runs": 6, "det_mismatches": 0 if impl not in ("sdpa-cudnn", "dash-atomic") else 3,
+                          "bwd_extra_bytes": 64 * 2 ** 20 if impl != "dash-split" else 200 * 2 ** 20,
+                          "max_rel_err": 0.004})
+    cells.append({"point": keys[0], "impl": "sdpa-cudnn-det", "status": "refused",
+                  "error": "RuntimeError: No available kernel. Aborting execution."})
+    names = list(bwd) + ["sdpa-cudnn-det"]
+    return {"format": runner.FORMAT, "env": {"gpu": "NVIDIA H200", "sm_count": 132, "capability": "9.0",
+                                             "torch": "2.11.0", "triton": "3.6.0", "device": "cuda",
+                                             "date": "2026-11-22T00:00:00+00:00"},
+            "config": {"repeats": 6, "warmup_ms": 25, "rep_ms": 100, "mode": "full"},
+            "implementations": [{"name": n, "description": n, "claims_deterministic": None} for n in names],
+            "unavailable": {"fa4": "flash_attn.cute does not import"},
+            "points": [p.to_dict() for p in pts], "cells": cells, "complete": True, "elapsed_s": 1.0}
+
+
+def test_targets_on_synthetic_results():
+    rows = {r["title"]: r for r in report.evaluate_targets(_synthetic_results())}
+    cudnn = rows["det backward (auto) vs SDPA cuDNN non-det backward"]
+    assert cudnn["value"] == pytest.approx((480 / 500 * 360 / 400 * 430 / 440) ** (1 / 3))
+    assert cudnn["verdict"] == "met" and cudnn["points"] == 3 and "min 0.90 at hdim64-full-s2048" in cudnn["detail"]
+    flex = rows["det backward (auto) vs FlexAttention backward"]
+    assert flex["value"] == pytest.approx((480 / 370 * 360 / 300 * 430 / 330) ** (1 / 3)) and flex["verdict"] == "met"
+    causal = rows["DASH: best of descending/shift vs ascending, causal hdim128 S=16k"]
+    assert causal["value"] == pytest.approx(480 / 400) and causal["verdict"] == "met"
+    assert "dash-descending" in causal["detail"]
+    full = rows["DASH: shift vs ascending, full hdim64 S=2k"]
+    assert full["value"] == pytest.approx(1.2) and full["verdict"] == "met"
+    fwd = rows["forward vs SDPA cuDNN forward"]
+    assert fwd["value"] == pytest.approx(0.9) and fwd["verdict"] == "met"
+    mem = rows["extra backward memory, det (auto) vs our atomic (worst point)"]
+    assert mem["value"] == pytest.approx(1.0) and mem["verdict"] == "met"
+
+
+def test_target_verdicts_not_met_and_nondeterministic_auto():
+    res = _synthetic_results()
+    for c in res["cells"]:
+        if c["impl"] == "dash-shift" and c["point"] == "hdim64-full-s2048":
+            c["bwd_tflops"] = 310.0                      # shift barely beats ascending (1.03x)
+        if c["impl"] == "dash-auto" and c["point"] == "hdim64-full-s8192":
+            c["deterministic"], c["det_mismatches"] = False, 2
+    rows = {r["title"]: r for r in report.evaluate_targets(res)}
+    full = rows["DASH: shift vs ascending, full hdim64 S=2k"]
+    assert full["value"] == pytest.approx(310 / 300) and full["verdict"] == "not met"
+    # fast but not bitwise deterministic: never "met"
+    cudnn = rows["det backward (auto) vs SDPA cuDNN non-det backward"]
+    assert cudnn["verdict"] == "not met" and "NOT bitwise deterministic at hdim64-full-s8192" in cudnn["detail"]
+    res["cells"] = [c for c in res["cells"] if c["impl"] != "flex"]
+    assert {r["title"]: r for r in report.evaluate_targets(res)}[
+        "det backward (auto) vs FlexAttention backward"]["verdict"] == "not measured"
+
+
+def test_report_writers_on_synthetic_results(tmp_path):
+    res = _synthetic_results()
+    paths = report.write_reports(res, str(tmp_path), command="dash-bench --test")
+    assert report.read_json(paths["json"]) == res
+    md = open(paths["md"]).read()
+    assert "NVIDIA H200 (132 SMs, sm 9.0)" in md and "`dash-bench --test`" in md
+    header = "| row | mask | seqlen | B x Hq/Hkv | sdpa-cudnn | flex | dash-atomic | dash-ascending |"
+    assert header in md
+    # backward table row: cuDNN and atomic checked non-deterministic, the refused cell named
+    assert ("| hdim128 | causal | 16384 | 1 x 16 | 500.0 nd | 370.0 | 520.0 nd | 400.0 | 480.0 | 440.0 | "
+            "300.0 | 480.0 | refused |") in md
+    assert "| hdim64 | full | 2048 | 8 x 32 | **no** (3/5) | yes |" in md        # determinism table
+    assert "| hdim64 | full | 8192 | 2 x 32 | 64.0 | 64.0 | 64.0 | 64.0 | 64.0 | 64.0 | 200.0 |" in md
+    assert ("| DASH: shift vs ascending, full hdim64 S=2k | 1.20x | >= 1.05x | met | at hdim64-full-s2048 |"
+            in md)
+    assert "| fa4 | not run: flash_attn.cute does not import | |" in md
+    assert "- sdpa-cudnn-det at hdim128-causal-s16384: RuntimeError: No available kernel." in md
+    with open(paths["png"], "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_auto_table_from_synthetic_results(tmp_path):
+    res = _synthetic_results()
+    table = autotable.write_auto_table(res, str(tmp_path / "auto.json"))
+    assert json.load(open(tmp_path / "auto.json")) == table
+    assert table["format"] == "dash-auto-table/1" and table["source"]["gpu"] == "NVIDIA H200"
+    summary = [(r["head_dim"], r["mask"], r["seqlen_min"], r["seqlen_max"], r["schedule"]) for r in table["rules"]]
+    # hdim64 full: shift wins at 2k (360) and at 8k (430 vs ascending 420): one merged rule
+    # hdim128 causal: descending (480) wins at its only measured seqlen
+    assert summary == [(64, "full", 0, None, "shift"), (128, "causal", 0, None, "descending")]
+    assert table["rules"][0]["measured"]["8192"] == {"ascending": 420.0, "descending": 400.0, "shift": 430.0,
+                                                     "split": 250.0}
+    # ascending wins at 8k once shift is slower there: two rules split at sqrt(2048 * 8192) = 4096
+    for c in res["cells"]:
+        if c["impl"] == "dash-shift" and c["point"] == "hdim64-full-s8192":
+            c["bwd_tflops"] = 410.0
+    rules = autotable.derive_auto_table(res)["rules"]
+    assert [(r["seqlen_min"], r["seqlen_max"], r["schedule"]) for r in rules if r["mask"] == "full"] == [
+        (0, 4096, "shift"), (4096, None, "ascending")]
+    table = autotable.derive_auto_table(res)
+    assert autotable.lookup(table, head_dim=64, causal=False, seqlen=1000) == "shift"
+    assert autotable.lookup(table, head_dim=80, causal=False, seqlen=16384) == "ascending"
+    assert autotable.lookup(table, head_dim=128, causal=True, seqlen=512) == "descending"
+
+
+def test_auto_table_ignores_nondeterministic_cells():
+    res = _synthetic_results()
+    for c in res["cells"]:
+        if c["impl"] == "dash-descending":
+            c["deterministic"] = False
+    rules = autotable.derive_auto_table(res)["rules"]
+    assert [r["schedule"] for r in rules if r["mask"] == "causal"] == ["shift"]
+
+
+# ---------------------------------------------------------------------------- CLI
+def test_cli_tiny_cpu_run_end_to_end(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli.main(["--device", "cpu", "--tiny", "--impls", "sdpa-math,dash-auto,dash-shift", "--repeats", "3",
+                   "--rep-ms", "5", "--warmup-ms", "0", "--out", str(out),
+                   "--write-auto-table", str(tmp_path / "auto.json")])
+    assert rc == 0
+    res = report.read_json(str(out / "results.json"))
+    assert [p["key"] for p in res["points"]] == ["hdim64-causal-s128", "hdim64-causal-s256",
+                                                  "hdim64-full-s128", "hdim64-full-s256"]
+    assert len(res["cells"]) == 12 and res["complete"] is True
+    for c in res["cells"]:
+        assert c["status"] == "ok", c
+        assert c["deterministic"] is True and c["det_runs"] == 3
+        assert c["bwd_tflops"] > 0 and c["fwd_tflops"] > 0 and c["bwd_extra_bytes"] is None
+        # fp32 on the CPU: ours agrees with SDPA math, the point's reference
+        assert c["err_ref"] == "sdpa-math" and c["max_rel_err"] < 1e-4
+        if c["impl"].startswith("dash-"):   # what our call really ran is recorded
+            assert c["kernel"] == "reference"
+            assert c["schedule_resolved"] in peers.DETERMINISTIC_SCHEDULES
+    md = (out / "results.md").read_text()
+    assert "| hdim64 | full | 256 | 1 x 2 | yes | yes | yes |" in md
+    assert (out / "results.png").read_bytes()[:4] == b"\x89PNG"
+    table = json.load(open(tmp_path / "auto.json"))
+    assert {(r["head_dim"], r["mask"], r["schedule"]) for r in table["rules"]} == {
+        (64, "causal", "shift"), (64, "full", "shift")}
+    log = capsys.readouterr().out
+    assert "[4/4] hdim64-full-s256" in log and "dash-shift: fwd" in log
+
+    # the reports rebuild from the JSON alone
+    rebuilt = tmp_path / "rebuilt"
+    assert cli.main(["--from-json", str(out / "results.json"), "--out", str(rebuilt)]) == 0
+    assert (rebuilt / "results.md").read_text().split("- Command")[0] == md.split("- Command")[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown where CUDA is absent")
+def test_cli_without_cuda_exits_with_a_clear_message(capsys):
+    assert cli.main([]) == 2
+    assert "no CUDA device here" in capsys.readouterr().err
+    assert cli.main(["--device", "cpu"]) == 2
+    assert "add --tiny" in capsys.readouterr().err
+
+
+def test_cli_rejects_unknown_impl(capsys, tmp_path):
+    assert cli.main(["--device", "cpu", "--tiny", "--impls", "nope", "--out", str(tmp_path)]) == 2
+    assert "'nope' matches no implementation" in capsys.readouterr().err
