@@ -116,7 +116,8 @@ def parse_args(argv):
     return a
 
 
-def run(a, out=sys.stdout):
+def run(a, out=None):
+    out = sys.stdout if out is None else out
     kw = dict(seqlens_q=a.seqlens_q, seqlens_k=a.seqlens_k, block_m=a.block_m, block_n=a.block_n,
               causal=a.causal, window_left=a.window_left, window_right=a.window_right,
               group_size=a.group_size)
