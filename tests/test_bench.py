@@ -289,3 +289,20 @@ def test_cli_without_cuda_exits_with_a_clear_message(capsys):
 def test_cli_rejects_unknown_impl(capsys, tmp_path):
     assert cli.main(["--device", "cpu", "--tiny", "--impls", "nope", "--out", str(tmp_path)]) == 2
     assert "'nope' matches no implementation" in capsys.readouterr().err
+
+
+def test_extra_memory_subtracts_baseline_and_returned_tensors(monkeypatch):
+    """The GPU arithmetic, with the allocator statistics faked: peak - before - returned bytes."""
+    stats = {"allocated": 1000, "peak": 0}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: stats.update(peak=0))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: stats["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: stats["peak"])
+
+    def backward():   # a 4096-byte workspace on top of three 256-byte gradients
+        stats["peak"] = 1000 + 4096 + 3 * 256
+        return tuple(torch.zeros(64) for _ in range(3))
+
+    grads, extra = runner.measure_extra_memory(backward, torch.device("cuda"))
+    assert extra == 4096 and len(grads) == 3
+    assert runner.measure_extra_memory(lambda: torch.zeros(4), torch.device("cpu"))[1] is None
