@@ -1,0 +1,60 @@
+"""`dash-repro run` / `demo`: the features that are about separate processes, run as separate processes."""
+
+import sys
+from pathlib import Path
+
+from dash_plugin.repro.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_demo_cpu_runs_twice_in_fresh_processes(tmp_path, capsys):
+    rc = main(["demo", "--steps", "2", "--cpu", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "DEMO PASSED: IDENTICAL: 2 runs, 2 steps, losses/grads/weights bit-identical" in out
+    png = tmp_path / "tiny.png"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    for run in ("run1", "run2"):  # each run was its own process with its own log
+        log = (tmp_path / "tiny" / run / "train.log").read_text()
+        assert log.startswith(f"$ {sys.executable}") and f"--out {tmp_path / 'tiny' / run}" in log
+    w1 = (tmp_path / "tiny" / "run1" / "model.safetensors").read_bytes()
+    assert w1 == (tmp_path / "tiny" / "run2" / "model.safetensors").read_bytes()
+
+
+def test_run_reports_a_difference_with_exit_code_1(tmp_path, capsys):
+    # A training script that behaves differently in the second run: flips one bit of one weight at step 2.
+    script = tmp_path / "train_flaky.py"
+    script.write_text(
+        "import sys, importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('t', {str(ROOT / 'examples' / 'train_accelerate.py')!r})\n"
+        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
+        "argv = sys.argv[1:]\n"
+        "if argv[-1].endswith('run2'):\n"
+        "    argv += ['--perturb', '2:model.layers.0.self_attn.k_proj.weight']\n"
+        "sys.exit(t.main(argv))\n")
+    rc = main(["run", "--out", str(tmp_path / "runs"), "--script", str(script), "--plot",
+               "--size", "tiny", "--steps", "3", "--seq-len", "64", "--batch-size", "4", "--cpu"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert ("DIFFERENT: first difference at step 2: weights of 1 tensors in layer 0: "
+            "model.layers.0.self_attn.k_proj.weight (layer 0)") in out
+    assert (tmp_path / "runs" / "loss.png").is_file()
+
+
+def test_run_failure_shows_the_log_and_exit_code_2(tmp_path, capsys):
+    rc = main(["run", "--out", str(tmp_path), "--size", "huge"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "training run" in err and "invalid choice: 'huge'" in err
+
+
+def test_run_refuses_out_in_training_args(tmp_path, capsys):
+    assert main(["run", "--out", str(tmp_path), "--", "--out", "x"]) == 2
+    assert "do not pass --out" in capsys.readouterr().err
+
+
+def test_module_entry_point_help():
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-m", "dash_plugin.repro", "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "dash-repro" in res.stdout and "demo" in res.stdout
