@@ -14,7 +14,8 @@ The attention function turns what the layer gives it into one call of :func:`das
 - packed batch: ``cu_seq_lens_q/k`` + ``max_length_q/k`` (``DataCollatorWithFlattening(return_flash_attn_kwargs=
   True)``), or ``position_ids`` that restart inside a row: each run of consecutive positions is one sequence;
 - otherwise the dense (B, S, H, D) layout. With a KV cache (decode, chunked prefill) ``S_q < S_kv`` and the
-  causal mask is aligned bottom-right, as in flash-attn.
+  causal mask is aligned bottom-right, as in flash-attn. A static cache's unused key slots are cut
+  (from the mask when there is padding, else from ``position_ids``).
 
 K/V are never expanded for GQA. Sliding windows, softcap, custom scaling and dropout (training only) are
 forwarded. Per-call ``deterministic=`` and ``dash_schedule=`` keywords given to ``model(...)`` reach this
@@ -236,6 +237,7 @@ def dash_attention_forward(module, query, key, value, attention_mask, dropout=0.
             cu_seqlens, max_seqlen = packed
             out = _varlen_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, call)
         else:
+            k, v = _trim_unused_cache(k, v, kwargs.get("position_ids"), q_len)
             out = _flash_attention(q, k, v, **call)
 
     if v_head_dim != head_dim:
@@ -329,6 +331,27 @@ def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         cu_seqlens_q=cu_seqlens_q.to(torch.int32), cu_seqlens_k=cu_seqlens_k.to(torch.int32),
         max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k), **call)
     return out.view(batch, q_len, *out.shape[1:])
+
+
+def _trim_unused_cache(k, v, position_ids, q_len):
+    """Cut key slots after the last query's position (a static cache's unused tail).
+
+    Without padding transformers passes no mask at all, also with a static cache whose keys have
+    ``max_cache_len`` slots of which only the first ``last position + 1`` are written. Bottom-right
+    alignment would let the queries see the empty slots, so they are cut here. Dynamic caches have no
+    such slots (nothing is cut) and sliding-window caches hold fewer keys than positions (nothing is cut).
+    Only 2-D position ids that are token indices are read; the largest row decides, so rows whose
+    positions differ can never lose a written key.
+    """
+    kv_len = k.shape[1]
+    if kv_len <= q_len or not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2:
+        return k, v
+    if position_ids.shape[-1] != q_len:
+        return k, v
+    end = int(position_ids[:, -1].max()) + 1
+    if q_len <= end < kv_len:
+        return k[:, :end], v[:, :end]
+    return k, v
 
 
 def _packed_from_position_ids(position_ids, batch, q_len):

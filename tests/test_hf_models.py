@@ -239,6 +239,21 @@ def test_chunked_prefill_with_cache_matches_eager(saved):
     assert_close(outs["dash"][keep], outs["eager"][keep], "chunked prefill logits")
 
 
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_static_cache_matches_eager(saved, name):
+    """A static cache has unused key slots and, without padding, no mask: they must not be attended."""
+    ids = torch.stack(tokens([9, 9], seed=13))
+    outs = {}
+    for impl in ["eager", "dash"]:
+        model = load(saved[name], impl)
+        cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+        first = model(input_ids=ids[:, :6], past_key_values=cache, use_cache=True).logits
+        step = model(input_ids=ids[:, 6:7], past_key_values=cache, use_cache=True).logits
+        rest = model(input_ids=ids[:, 7:], past_key_values=cache, use_cache=True).logits
+        outs[impl] = torch.cat([first, step, rest], 1).detach()
+    assert_close(outs["dash"], outs["eager"], f"{name} static-cache logits")
+
+
 # ----------------------------------------------------------------------------------------------
 # Dropout (GPT-2, attn_pdrop = 0.2)
 # ----------------------------------------------------------------------------------------------
