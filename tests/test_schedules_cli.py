@@ -63,6 +63,7 @@ def test_varlen_gqa_window(capsys):
     (["--seqlen", "64", "--causal", "--window-right", "4"], ["--window-right", "4", "0 or -1"]),
     (["--varlen", "64,x"], ["--varlen", "'64,x'", "non-negative ints"]),
     (["--seqlen", "64", "--sms", "0"], ["--sms", "0", "positive int"]),
+    (["--seqlen", "64", "--launch", "x"], ["--launch", "'x'", "head-major, group-major"]),
 ])
 def test_bad_flags(argv, words):
     with pytest.raises(SystemExit) as e:

@@ -253,9 +253,11 @@ def test_sm_count_independence():
         s = sched(name, 16, causal, bm=32, bn=64)
         partial = torch.randn(4, 64, 16, 8, dtype=torch.float32)  # (head, q tile, kv tile, d)
         orders, sums = [], []
-        for sms, how in [(78, "dynamic"), (114, "dynamic"), (132, "static"), (20, "dynamic"),
-                         (None, "dynamic")]:
-            res = simulate(s, num_heads=4, num_sms=sms, assignment=how, record=True, r=0.7)
+        for sms, how, launch in [(78, "dynamic", "head-major"), (114, "dynamic", "group-major"),
+                                 (132, "static", "head-major"), (20, "dynamic", "head-major"),
+                                 (None, "dynamic", "group-major")]:
+            res = simulate(s, num_heads=4, num_sms=sms, assignment=how, launch=launch,
+                           record=True, r=0.7)
             o = _executed_orders(res)
             orders.append(o)
             dq = torch.zeros(4, 64, 8)
@@ -281,7 +283,26 @@ def test_group_must_be_coresident():
     check_waits(s4.sequences[0], max_group=4)
     assert simulate(s4, num_sms=4).makespan > 0
     assert simulate(s4, num_sms=4, assignment="static").makespan > 0
+    # a persistent grid of P >= G programs may split a group across rounds and still finishes
+    for p in (4, 5, 7):
+        simulate(s4, num_heads=3, num_sms=p, assignment="static")
+        simulate(s4, num_heads=3, num_sms=p, assignment="static", launch="group-major")
     assert not sequential_safe(s4.sequences[0])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_several_groups_per_head(causal):
+    """N > 2*MAX_GROUP tiles: several groups per head. Valid and deadlock-free on 78 SMs in both
+    launch orders; group-major launch (all heads' first groups first) hides the cross-group wait."""
+    s = sched("shift", 2 * MAX_GROUP + 4 if not causal else 4 * MAX_GROUP + 8, causal, bm=8, bn=8)
+    seq = s.sequences[0]
+    assert len({w.group for w in seq.workers}) == 3 and seq.group_size <= MAX_GROUP
+    check_schedule(s)
+    heads = 4
+    hm = simulate(s, num_heads=heads, num_sms=78, launch="head-major")
+    gm = simulate(s, num_heads=heads, num_sms=78, launch="group-major")
+    assert gm.makespan < hm.makespan
+    simulate(s, num_heads=heads, num_sms=78, assignment="static", launch="group-major")
 
 
 def test_default_group_size():
@@ -330,6 +351,8 @@ def test_simulate_bad_input():
         simulate(s, num_sms=0)
     with pytest.raises(ValueError, match="costs must be >= 0"):
         simulate(s, r=-1)
+    with pytest.raises(ValueError, match="launch must be"):
+        simulate(s, launch="random")
 
 
 # ----------------------------------------------------------------------------- auto

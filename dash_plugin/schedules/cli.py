@@ -54,6 +54,8 @@ def parse_args(argv):
     p.add_argument("--group-size", type=int, default=None, help="G (default: rule in README)")
     p.add_argument("--sms", type=int, default=132, help="SMs in the model (default 132)")
     p.add_argument("--assignment", default="dynamic", help="dynamic (first free SM) or static")
+    p.add_argument("--launch", default="head-major",
+                   help="launch order: head-major (grid (W, H_kv, B)) or group-major")
     p.add_argument("--c", type=float, default=1.0, help="compute cost per (Q, KV) tile pair")
     p.add_argument("--r", type=float, default=0.5, help="ordered reduction cost per pair")
     p.add_argument("--schedules", default="ascending,spt,descending,shift",
@@ -70,6 +72,8 @@ def parse_args(argv):
     a.schedule_names = names
     if a.assignment not in ("dynamic", "static"):
         _bad("--assignment", a.assignment, "dynamic, static")
+    if a.launch not in ("head-major", "group-major"):
+        _bad("--launch", a.launch, "head-major, group-major")
     if not 1 <= a.hdim <= 256:
         _bad("--hdim", a.hdim, "1..256")
     if a.varlen is not None:
@@ -122,7 +126,7 @@ def run(a, out=None):
               causal=a.causal, window_left=a.window_left, window_right=a.window_right,
               group_size=a.group_size)
     sim_kw = dict(num_heads=a.heads, num_kv_heads=a.kv_heads, num_sms=a.sms, c=a.c, r=a.r,
-                  assignment=a.assignment)
+                  assignment=a.assignment, launch=a.launch)
     names = list(a.schedule_names)
     record = a.png is not None
     results = {}
@@ -133,7 +137,7 @@ def run(a, out=None):
     print(f"shape: seqlens_q={_short(a.seqlens_q)} seqlens_k={_short(a.seqlens_k)} "
           f"heads={a.heads} kv_heads={a.kv_heads} tiles {a.block_m}x{a.block_n} "
           f"causal={a.causal} window=({a.window_left},{a.window_right}) SMs={a.sms} "
-          f"{a.assignment} c={a.c:g} r={a.r:g}", file=out)
+          f"{a.assignment} {a.launch} c={a.c:g} r={a.r:g}", file=out)
     print(f"{'schedule':<11} {'makespan':>10} {'vs asc':>7} {'bubbles':>8}  variant", file=out)
     for name in names:
         sched, res = results[name]

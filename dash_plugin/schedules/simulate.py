@@ -4,7 +4,7 @@ Nodes per stage of a worker: compute C (cost c) then, for ordered schedules, the
 (cost r) into the dQ tile, which may start only when the previous rank of that dQ tile has
 finished (the semaphore). Program order: a worker's next compute starts when its reduction ends
 (one stage = c + r, no overlap, as in the paper's model). Workers are launched in order
-(sequence, KV head, worker) onto `num_sms` SMs:
+(`launch_order`: head-major (sequence, KV head, worker) or group-major) onto `num_sms` SMs:
 - "dynamic": the first free SM takes the next worker (non-persistent grid);
 - "static": worker k runs on SM k mod num_sms, in launch order (persistent grid).
 `num_sms=None` gives every worker its own SM (all co-resident: lock-step when all stages cost
@@ -50,25 +50,47 @@ class SimResult:
         return 0.0 if total == 0 else 1.0 - self.busy / total
 
 
-def _units(schedule: Schedule, num_heads: int, num_kv_heads: int):
+def launch_order(schedule: Schedule, num_kv_heads: int, order: str = "head-major"):
+    """(sequence, KV head, worker) in launch order.
+
+    "head-major": worker fastest, then KV head, then sequence (grid (W, H_kv, B)).
+    "group-major": the workers of one group fastest, then KV head, then group, then sequence:
+    all heads' first groups launch before any second group, so when a head has several groups
+    (N > MAX_GROUP) the later group usually starts after the earlier one is done."""
+    if order not in ("head-major", "group-major"):
+        raise ValueError(f"launch must be 'head-major' or 'group-major', got {order!r}")
+    out = []
+    for b, seq in enumerate(schedule.sequences):
+        if order == "head-major":
+            out.extend((b, hk, w) for hk in range(num_kv_heads) for w in range(len(seq.workers)))
+        else:
+            groups: dict[int, list[int]] = {}
+            for w, worker in enumerate(seq.workers):
+                groups.setdefault(worker.group, []).append(w)
+            out.extend((b, hk, w) for members in groups.values() for hk in range(num_kv_heads)
+                       for w in members)
+    return out
+
+
+def _units(schedule: Schedule, num_heads: int, num_kv_heads: int, launch: str):
     """Workers in launch order with their stages (head, kv, q, rank, reduce)."""
     group = num_heads // num_kv_heads
     reduce = schedule.name != "split"
     units = []
-    for b, seq in enumerate(schedule.sequences):
-        for hk in range(num_kv_heads):
-            for worker in seq.workers:
-                stages = []
-                for hq in range(hk * group, (hk + 1) * group):
-                    for kv, q, rank in worker.steps:
-                        stages.append((hq, kv, q, rank, reduce and worker.kind == "kv"))
-                units.append((b, stages))
+    for b, hk, w in launch_order(schedule, num_kv_heads, launch):
+        worker = schedule.sequences[b].workers[w]
+        stages = []
+        for hq in range(hk * group, (hk + 1) * group):
+            for kv, q, rank in worker.steps:
+                stages.append((hq, kv, q, rank, reduce and worker.kind == "kv"))
+        units.append((b, stages))
     return units
 
 
 def simulate(schedule: Schedule, *, num_heads: int = 1, num_kv_heads: int | None = None,
              num_sms: int | None = None, c: float = 1.0, r: float = 0.5,
-             assignment: str = "dynamic", record: bool = False) -> SimResult:
+             assignment: str = "dynamic", launch: str = "head-major",
+             record: bool = False) -> SimResult:
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
@@ -77,7 +99,7 @@ def simulate(schedule: Schedule, *, num_heads: int = 1, num_kv_heads: int | None
         raise ValueError(f"assignment must be 'dynamic' or 'static', got {assignment!r}")
     if c < 0 or r < 0:
         raise ValueError(f"costs must be >= 0, got c={c}, r={r}")
-    units = _units(schedule, num_heads, num_kv_heads)
+    units = _units(schedule, num_heads, num_kv_heads, launch)
     n_sm = len(units) if num_sms is None else num_sms
     if n_sm < 1:
         raise ValueError(f"num_sms must be >= 1, got {num_sms}")
