@@ -306,3 +306,26 @@ def test_extra_memory_subtracts_baseline_and_returned_tensors(monkeypatch):
     grads, extra = runner.measure_extra_memory(backward, torch.device("cuda"))
     assert extra == 4096 and len(grads) == 3
     assert runner.measure_extra_memory(lambda: torch.zeros(4), torch.device("cpu"))[1] is None
+
+
+def test_watchdog_reports_a_hung_cell(monkeypatch):
+    import time as _time
+    exits, reports = [], []
+    monkeypatch.setattr(runner, "_exit_after_hang", lambda: exits.append(True))
+
+    calls = []
+
+    def slow(q):
+        if not calls:        # the first call stands for a kernel that never returns
+            _time.sleep(1.0)
+        calls.append(1)
+        return q
+    impls = [_fake_impl("plain"), _fake_impl("stuck", slow), _fake_impl("after")]
+    runner.run_benchmark([_SMALL], impls, torch.device("cpu"), _FAST, log=lambda s: None,
+                         cell_timeout_s=0.3, on_hang=reports.append)
+    assert exits == [True] and len(reports) == 1
+    hung = reports[0]
+    assert [(c["impl"], c["status"]) for c in hung["cells"]] == [("plain", "ok"), ("stuck", "hung"),
+                                                                 ("after", "skipped")]
+    assert hung["complete"] is False and "stuck at hdim32-causal-s64" in hung["stop_reason"]
+    assert "hung" in report.render_markdown(hung)

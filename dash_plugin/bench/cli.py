@@ -53,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-minutes", type=float, default=None,
                     help="time budget: cells after it are recorded as skipped and the reports are still "
                          f"written (default: none; --quick: {QUICK_BUDGET_MIN})")
+    ap.add_argument("--cell-timeout", type=float, default=240.0,
+                    help="seconds one cell (compiles included) may take before the run is declared hung: "
+                         "the reports are written with that cell marked 'hung' and the process exits with "
+                         "status 3 (default 240; 0 disables)")
     ap.add_argument("--out", default="dash-bench-out", help="output folder (default ./dash-bench-out)")
     ap.add_argument("--from-json", default=None, metavar="RESULTS",
                     help="do not run: rebuild the reports (and/or the auto table) from a results.json")
@@ -156,5 +160,7 @@ def _main(args, command) -> int:
         config={"mode": mode, "command": command, "impls": args.impls},
         log=lambda line: print(line, flush=True),
         # the JSON so far after every point: a run killed from outside keeps what it measured
-        on_point_done=lambda res: report.write_json(res, partial))
+        on_point_done=lambda res: report.write_json(res, partial),
+        cell_timeout_s=args.cell_timeout or None,
+        on_hang=lambda res: _finish(res, args, command))
     return _finish(results, args, command)

@@ -11,6 +11,7 @@ import os
 import platform
 import statistics
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -285,14 +286,39 @@ def _fmt_cell(cell: dict) -> str:
             f"err {cell['max_rel_err']:.1e}")
 
 
+def _exit_after_hang() -> None:
+    # A kernel spinning on the GPU cannot be cancelled; the process must go (tests replace this).
+    os._exit(3)
+
+
+def _hang_results(results: dict, points: list[Point], impls: list[Impl], point: Point, impl: Impl,
+                  timeout_s: float) -> dict:
+    """A copy of the results with the hung cell and every later cell recorded, for the reports."""
+    reason = f"{impl.name} at {point.key} did not finish within {timeout_s:.0f} s (hung?); run aborted"
+    snapshot = dict(results, cells=list(results["cells"]), complete=False, stop_reason=reason)
+    snapshot["cells"].append({"point": point.key, "impl": impl.name, "status": "hung", "error": reason})
+    later = False
+    for p in points:
+        for i in impls:
+            if later:
+                snapshot["cells"].append({"point": p.key, "impl": i.name, "status": "skipped", "error": reason})
+            later = later or (p is point and i is impl)
+    return snapshot
+
+
 def run_benchmark(points: list[Point], impls: list[Impl], device: torch.device, settings: Settings, *,
                   unavailable: Optional[dict] = None, config: Optional[dict] = None,
                   max_minutes: Optional[float] = None, log: Callable[[str], None] = print,
-                  on_point_done: Optional[Callable[[dict], None]] = None) -> dict:
+                  on_point_done: Optional[Callable[[dict], None]] = None,
+                  cell_timeout_s: Optional[float] = None,
+                  on_hang: Optional[Callable[[dict], None]] = None) -> dict:
     """Measure every cell; returns the results dict (the JSON written by report.write_json).
 
     ``max_minutes``: once the budget is spent, the remaining cells are recorded as skipped and the
     run ends cleanly. ``on_point_done`` gets the results so far after every point (for saving).
+    ``cell_timeout_s``: a watchdog for one cell (compiles included). When it fires, ``on_hang`` gets
+    the results with that cell marked ``hung`` (to write the reports), then the process exits with
+    status 3: a deadlocked kernel (a semaphore wait that never ends) cannot be stopped otherwise.
     """
     started = time.perf_counter()
     deadline = None if max_minutes is None else started + 60.0 * max_minutes
@@ -325,7 +351,21 @@ def run_benchmark(points: list[Point], impls: list[Impl], device: torch.device, 
                                          "error": stop_reason})
                 continue
             log(f"  ({done}/{total}) {impl.name} ...")
-            cell, ref = run_cell(impl, point, inputs, device, settings, reference)
+            watchdog = None
+            if cell_timeout_s:
+                def fire(point=point, impl=impl):
+                    log(f"  WATCHDOG: {impl.name} at {point.key} still running after {cell_timeout_s:.0f} s")
+                    if on_hang is not None:
+                        on_hang(_hang_results(results, points, impls, point, impl, cell_timeout_s))
+                    _exit_after_hang()
+                watchdog = threading.Timer(cell_timeout_s, fire)
+                watchdog.daemon = True
+                watchdog.start()
+            try:
+                cell, ref = run_cell(impl, point, inputs, device, settings, reference)
+            finally:
+                if watchdog is not None:
+                    watchdog.cancel()
             if reference is None and ref is not None:
                 reference = ref
             results["cells"].append(cell)
