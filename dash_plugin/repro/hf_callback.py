@@ -1,0 +1,87 @@
+"""Fingerprints for the Hugging Face `Trainer`: a callback that writes the run-directory format
+`dash-repro compare` reads (meta.json, steps.jsonl, final.json + model.safetensors).
+
+    trainer = Trainer(model, args, train_dataset=ds, callbacks=[FingerprintCallback("runs/a")])
+
+Per step: the digests of the parameters the step starts from, of the gradients the optimizer applies (after
+clipping), and the logged loss / grad norm / learning rate as exact hex floats. With `logging_steps=1` the logged
+loss is the step's loss; with larger values only logged steps carry one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from dash_plugin.repro.fingerprint import exact, grad_digests, param_digests, tensor_digest, write_jsonl
+
+# TrainingArguments that define the training (compared between runs); paths and names are left out.
+_KEY_ARGS = ("seed", "data_seed", "full_determinism", "learning_rate", "max_steps", "num_train_epochs",
+             "per_device_train_batch_size", "gradient_accumulation_steps", "max_grad_norm", "weight_decay",
+             "lr_scheduler_type", "warmup_steps", "optim", "bf16", "fp16", "logging_steps")
+
+
+class FingerprintCallback(TrainerCallback):
+    def __init__(self, out_dir, save_weights: bool = True):
+        self.out = Path(out_dir)
+        self.save_weights = save_weights
+        self._fh = None
+        self._pending: dict[int, dict] = {}  # step -> record waiting for its logged loss
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        names = [n for n, _ in model.named_parameters()]
+        meta = {"args": {k: getattr(args, k, None) for k in _KEY_ARGS},
+                "attention": getattr(model.config, "_attn_implementation", None), "param_names": names,
+                "trainer": True}
+        (self.out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+        self._fh = open(self.out / "steps.jsonl", "w")
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if self._fh is not None:
+            self._params = param_digests(model.named_parameters())
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if self._fh is not None:
+            self._grads = grad_digests(model.named_parameters())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._fh is not None:
+            self._pending[state.global_step] = {"step": state.global_step, "loss": None, "grad_norm": None,
+                                                "lr": None, "params": self._params, "grads": self._grads}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._fh is None or not logs or "loss" not in logs:
+            return
+        record = self._pending.get(state.global_step)
+        if record is not None:
+            record.update(loss=exact(logs["loss"]), grad_norm=exact(logs.get("grad_norm")),
+                          lr=exact(logs.get("learning_rate")), loss_float=float(logs["loss"]))
+        self._flush()
+
+    def _flush(self):
+        for step in sorted(self._pending):
+            write_jsonl(self._fh, self._pending.pop(step))
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if self._fh is None:
+            return
+        self._flush()
+        self._fh.close()
+        self._fh = None
+        state_dict = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        final = {"tensors": {k: tensor_digest(v) for k, v in state_dict.items()}}
+        if self.save_weights:
+            from safetensors.torch import save_file
+
+            path = self.out / "model.safetensors"
+            save_file({k: v.cpu() for k, v in state_dict.items()}, path)
+            final["weights_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            final["weights_sha256"] = hashlib.sha256(json.dumps(final["tensors"], sort_keys=True).encode()).hexdigest()
+        (self.out / "final.json").write_text(json.dumps(final, indent=1))
