@@ -118,6 +118,14 @@ def _main(args, command) -> int:
     from . import peers, runner
 
     device_name = args.device or "cuda"
+    if args.list:   # what would run on this machine, and why not where it would not
+        device = torch.device(device_name if device_name == "cpu" or torch.cuda.is_available() else "cpu")
+        selected = {i.name for i in peers.select_impls(args.impls, device, tiny=args.tiny)}
+        for impl in peers.all_impls():
+            reason = impl.unavailable_reason(device)
+            state = reason or ("runs here" if impl.name in selected else "runs here, not in the default set")
+            print(f"{impl.name:20s} {impl.description}\n{'':20s} -> on {device.type}: {state}")
+        return 0
     if device_name == "cuda" and not torch.cuda.is_available():
         print("dash-bench: no CUDA device here. The protocol needs a GPU; for a pipeline check on the CPU "
               "run `dash-bench --device cpu --tiny`.", file=sys.stderr)
@@ -130,11 +138,6 @@ def _main(args, command) -> int:
     candidates = peers.select_impls(args.impls, device, tiny=args.tiny)
     unavailable = {i.name: r for i in candidates if (r := i.unavailable_reason(device)) is not None}
     impls = [i for i in candidates if i.name not in unavailable]
-    if args.list:
-        for impl in peers.all_impls():
-            state = "runs here" if impl.name in {i.name for i in impls} else (unavailable.get(impl.name) or "not selected")
-            print(f"{impl.name:20s} {state:40s} {impl.description}")
-        return 0
     for name, reason in unavailable.items():
         print(f"not run: {name}: {reason}")
     if not impls:
