@@ -383,3 +383,36 @@ def test_auto_rule():
         choose_schedule(causal=True, head_dim=0, seqlen_q=1, seqlen_k=1)
     with pytest.raises(ValueError, match="window_right 0 or -1, got 3"):
         choose_schedule(causal=True, head_dim=64, seqlen_q=1, seqlen_k=1, window_right=3)
+
+
+# ----------------------------------------------------------------------------- random shapes
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["ascending", "spt", "descending", "shift"]),
+       lens=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 700)), min_size=1, max_size=3),
+       bm=st.sampled_from([16, 32, 48, 64, 80]), bn=st.sampled_from([16, 32, 64, 96, 128]),
+       mask=st.sampled_from([(False, -1, -1), (True, -1, 0), (True, 64, 0), (False, 50, 90),
+                             (False, -1, 0), (False, 0, -1)]),
+       g=st.sampled_from([None, 1, 2, 3, 7]))
+def test_random_shapes_valid(name, lens, bm, bn, mask, g):
+    causal, wl, wr = mask
+    kw = dict(seqlens_q=[a for a, _ in lens], seqlens_k=[b for _, b in lens], block_m=bm,
+              block_n=bn, causal=causal, window_left=wl, window_right=wr, group_size=g)
+    s = build_schedule(name, **kw)
+    check_schedule(s)
+    res = simulate(s, num_heads=2, num_kv_heads=1, num_sms=None)
+    if name == "shift":
+        for seq in s.sequences:
+            if seq.variant.startswith("shift-") and len({w.group for w in seq.workers}) == 1:
+                one = build_schedule("shift", **dict(kw, seqlens_q=[seq.geometry.seqlen_q],
+                                                     seqlens_k=[seq.geometry.seqlen_k]))
+                assert simulate(one, num_sms=None).wait == 0  # arrival order inside a group
+    else:
+        assert all(sequential_safe(seq) for seq in s.sequences)
+        simulate(s, num_sms=1)
+    t = kernel_tables(name, **kw)
+    assert t.num_workers.tolist() == [len(seq.workers) for seq in s.sequences]
+    assert res.makespan >= 0

@@ -100,7 +100,7 @@ def simulate(schedule: Schedule, *, num_heads: int = 1, num_kv_heads: int | None
     if c < 0 or r < 0:
         raise ValueError(f"costs must be >= 0, got c={c}, r={r}")
     units = _units(schedule, num_heads, num_kv_heads, launch)
-    n_sm = len(units) if num_sms is None else num_sms
+    n_sm = max(1, len(units)) if num_sms is None else num_sms
     if n_sm < 1:
         raise ValueError(f"num_sms must be >= 1, got {num_sms}")
     ordered = schedule.ordered
