@@ -88,7 +88,8 @@ def test_odd_and_even_tile_counts(n, causal):
     simulate(s, num_sms=None)
     v = s.variants[0]
     if causal:
-        assert v == ("shift-symmetric" if n % 2 == 0 else "descending (fallback: odd number of KV tiles (%d))" % n)
+        odd = f"descending (fallback: odd number of KV tiles ({n}))"
+        assert v == ("shift-symmetric" if n % 2 == 0 else odd)
     else:
         assert v == "shift-cyclic"
 

@@ -45,9 +45,11 @@ def mask_kind(causal: bool, window_left: int, window_right: int) -> str:
 def choose_schedule(*, causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int,
                     window_left: int = -1, window_right: int = -1, varlen: bool = False) -> str:
     """A concrete deterministic schedule (ascending, spt, descending or shift) for this shape."""
-    for name, v in (("head_dim", head_dim), ("seqlen_q", seqlen_q), ("seqlen_k", seqlen_k)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "head_dim" else 0):
-            raise ValueError(f"choose_schedule: {name} must be a {'positive' if name == 'head_dim' else 'non-negative'} int, got {v!r}")
+    for name, v, least in (("head_dim", head_dim, 1), ("seqlen_q", seqlen_q, 0),
+                           ("seqlen_k", seqlen_k, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            kind = "positive" if least else "non-negative"
+            raise ValueError(f"choose_schedule: {name} must be a {kind} int, got {v!r}")
     if causal and window_right > 0:
         raise ValueError(f"choose_schedule: causal=True needs window_right 0 or -1, got {window_right}")
     kind = mask_kind(causal, window_left, window_right)
