@@ -212,26 +212,59 @@ def test_report_writers_on_synthetic_results(tmp_path):
 
 def test_auto_table_from_synthetic_results(tmp_path):
     res = _synthetic_results()
-    table = autotable.write_auto_table(res, str(tmp_path / "auto.json"))
-    assert json.load(open(tmp_path / "auto.json")) == table
+    autotable.write_auto_table(res, str(tmp_path / "auto.json"))
+    table = json.load(open(tmp_path / "auto.json"))
+    assert table == autotable.derive_auto_table(res)
     assert table["format"] == "dash-auto-table/1" and table["source"]["gpu"] == "NVIDIA H200"
     summary = [(r["head_dim"], r["mask"], r["seqlen_min"], r["seqlen_max"], r["schedule"]) for r in table["rules"]]
     # hdim64 full: shift wins at 2k (360) and at 8k (430 vs ascending 420): one merged rule
-    # hdim128 causal: descending (480) wins at its only measured seqlen
-    assert summary == [(64, "full", 0, None, "shift"), (128, "causal", 0, None, "descending")]
-    assert table["rules"][0]["measured"]["8192"] == {"ascending": 420.0, "descending": 400.0, "shift": 430.0,
-                                                     "split": 250.0}
+    # hdim128 causal: descending (480) wins at its only measured seqlen; split is never a candidate
+    assert summary == [(128, "causal", 0, None, "descending"), (64, "full", 0, None, "shift")]
+    assert table["rules"][1]["measured"]["8192"] == {"ascending": 420.0, "descending": 400.0, "shift": 430.0}
     # ascending wins at 8k once shift is slower there: two rules split at sqrt(2048 * 8192) = 4096
     for c in res["cells"]:
         if c["impl"] == "dash-shift" and c["point"] == "hdim64-full-s8192":
             c["bwd_tflops"] = 410.0
-    rules = autotable.derive_auto_table(res)["rules"]
-    assert [(r["seqlen_min"], r["seqlen_max"], r["schedule"]) for r in rules if r["mask"] == "full"] == [
-        (0, 4096, "shift"), (4096, None, "ascending")]
     table = autotable.derive_auto_table(res)
+    assert [(r["seqlen_min"], r["seqlen_max"], r["schedule"]) for r in table["rules"] if r["mask"] == "full"] == [
+        (0, 4096, "shift"), (4096, None, "ascending")]
     assert autotable.lookup(table, head_dim=64, causal=False, seqlen=1000) == "shift"
     assert autotable.lookup(table, head_dim=80, causal=False, seqlen=16384) == "ascending"
     assert autotable.lookup(table, head_dim=128, causal=True, seqlen=512) == "descending"
+
+
+def test_auto_table_py_is_read_by_the_schedule_model(tmp_path, monkeypatch):
+    """The .py output is a drop-in auto_table.py: dash_plugin.schedules.auto loads it and picks the winners."""
+    import importlib.util
+    from dash_plugin.schedules import auto
+
+    res = _synthetic_results()
+    for c in res["cells"]:
+        if c["impl"] == "dash-shift" and c["point"] == "hdim64-full-s8192":
+            c["bwd_tflops"] = 410.0
+    rules = autotable.write_auto_table(res, str(tmp_path / "auto_table.py"), results_path="r.json")
+    spec = importlib.util.spec_from_file_location("generated_auto_table", tmp_path / "auto_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.RULES == rules
+    measured = [(r["mask"], r.get("head_dim_max"), r.get("seqlen_max"), r["schedule"]) for r in rules
+                if "measured" in r["source"]]
+    assert measured == [("causal", None, None, "descending"), ("full", None, 4095, "shift"),
+                        ("full", None, None, "ascending")]
+    # the structural rules of the current table (window, varlen, unequal lengths) come first, unchanged
+    kept = [r for r in rules if "measured" not in r["source"]]
+    assert kept and all(r["mask"] == "window" or "varlen" in r or "equal_lengths" in r for r in kept)
+    assert rules[:len(kept)] == kept
+
+    monkeypatch.setattr(auto, "auto_table", module)
+    auto.load_rules.cache_clear()
+    try:
+        pick = lambda causal, d, s: auto.choose_schedule(causal=causal, head_dim=d, seqlen_q=s, seqlen_k=s)
+        assert pick(False, 64, 2048) == "shift" and pick(False, 64, 4095) == "shift"
+        assert pick(False, 64, 8192) == "ascending" and pick(False, 256, 4096) == "ascending"
+        assert pick(True, 128, 16384) == "descending" and pick(True, 64, 512) == "descending"
+    finally:
+        auto.load_rules.cache_clear()
 
 
 def test_auto_table_ignores_nondeterministic_cells():
@@ -241,6 +274,11 @@ def test_auto_table_ignores_nondeterministic_cells():
             c["deterministic"] = False
     rules = autotable.derive_auto_table(res)["rules"]
     assert [r["schedule"] for r in rules if r["mask"] == "causal"] == ["shift"]
+    for c in res["cells"]:
+        if c["impl"].startswith("dash-"):
+            c["status"] = "error"
+    with pytest.raises(ValueError, match="cannot derive an auto table"):
+        autotable.write_auto_table(res, "unused.py")
 
 
 # ---------------------------------------------------------------------------- CLI

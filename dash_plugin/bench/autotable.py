@@ -1,54 +1,67 @@
 """The ``auto`` rule as data: the fastest deterministic schedule per (head dim, mask, seqlen range),
 derived once from a benchmark results file and committed; never a timing at run time.
 
-Table format (JSON, ``"format": "dash-auto-table/1"``)::
+Two outputs of ``--write-auto-table PATH``:
 
-    {"format": "dash-auto-table/1",
-     "source": {"gpu": ..., "sm_count": ..., "torch": ..., "triton": ..., "date": ..., "git_commit": ...},
-     "candidates": ["ascending", "spt", "descending", "shift", "split"],
-     "rules": [{"head_dim": 128, "mask": "causal", "seqlen_min": 0, "seqlen_max": 3072,
-                "schedule": "descending",
-                "measured": {"1024": {"ascending": 301.2, "descending": 340.5, ...}, "2048": {...}}},
-               ...]}
+* ``PATH`` ending in ``.py``: a drop-in ``dash_plugin/schedules/auto_table.py`` (the format
+  ``dash_plugin/schedules/auto.py`` reads: ``RULES``, a list of dicts, first match wins; keys
+  ``mask``, ``head_dim_max`` and ``seqlen_max`` (inclusive bounds, absent = any), ``equal_lengths``,
+  ``varlen``, ``schedule``, ``source``). The rules the benchmark cannot measure (window masks,
+  varlen, unequal lengths: the rules with those keys) are kept from the current table, first;
+  the measured rules follow, ending with a catch-all per mask.
+* any other ``PATH``: the same choices as JSON with every measured figure behind them
+  (``"format": "dash-auto-table/1"``), for review::
 
-A rule covers ``seqlen_min <= seqlen < seqlen_max`` (``seqlen_max`` null: no upper bound). Range
-boundaries sit halfway between measured seqlens on a log scale (the geometric mean, rounded), and
-neighbouring seqlens with the same winner share one rule. Only MHA points (no GQA rows) and only
-cells that passed the bitwise check take part; ``measured`` keeps the backward TFLOP/s behind
-each choice so a reviewer can see the margin. ``lookup`` shows how the table is read.
+    {"format": "dash-auto-table/1", "source": {"gpu": ..., "sm_count": ..., "date": ...},
+     "candidates": ["ascending", "spt", "descending", "shift"],
+     "rules": [{"head_dim": 128, "mask": "causal", "seqlen_min": 0, "seqlen_max": 2896,
+                "schedule": "descending", "measured": {"1024": {"ascending": 301.2, ...}, ...}}]}
+
+  There a rule covers ``seqlen_min <= seqlen < seqlen_max`` (null: unbounded).
+
+Choices: at each measured MHA point, the candidate with the highest backward TFLOP/s among the
+cells that ran and passed the bitwise check (ties: the earlier candidate). Neighbouring seqlens
+with the same winner merge; a range boundary sits at the geometric mean of the two measured
+seqlens around it. A head dim maps to the smallest measured head dim at least as large (kernels
+pad head dims up), the largest measured one covering everything above.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import pprint
 from typing import Optional
 
-from .peers import DETERMINISTIC_SCHEDULES
 from .report import index_cells, ok_value
 
 FORMAT = "dash-auto-table/1"
+try:  # the schedules auto may return (split is no ordered schedule: auto never picks it)
+    from dash_plugin.schedules.builders import ORDERED_SCHEDULES as CANDIDATES
+except Exception:  # pragma: no cover - the schedule model is part of the package
+    CANDIDATES = ("ascending", "spt", "descending", "shift")
+STRUCTURAL_KEYS = ("equal_lengths", "varlen")   # shapes the benchmark does not measure
 
 
 def _winner(cells: dict, point_key: str) -> tuple[Optional[str], dict]:
     measured = {}
-    for schedule in DETERMINISTIC_SCHEDULES:
+    for schedule in CANDIDATES:
         name = f"dash-{schedule}"
         value = ok_value(cells, point_key, name, "bwd_tflops")
         if value is not None and cells[(point_key, name)].get("deterministic") is True:
-            measured[schedule] = round(value, 2)
+            measured[schedule] = round(value, 1)
     if not measured:
         return None, measured
-    # max over the fixed candidate order: a tie goes to the earlier (simpler) schedule
     best = max(measured.values())
-    return next(s for s in DETERMINISTIC_SCHEDULES if measured.get(s) == best), measured
+    return next(s for s in CANDIDATES if measured.get(s) == best), measured
 
 
 def _boundary(lo: int, hi: int) -> int:
-    return int(round(math.sqrt(lo * hi)))
+    return int(math.sqrt(lo * hi))
 
 
 def derive_auto_table(results: dict) -> dict:
+    """The winners as JSON-ready data (rules sorted by mask, head dim, seqlen)."""
     cells = index_cells(results)
     groups: dict = {}
     for p in results["points"]:
@@ -56,17 +69,17 @@ def derive_auto_table(results: dict) -> dict:
             continue
         schedule, measured = _winner(cells, p["key"])
         if schedule is not None:
-            groups.setdefault((p["hdim"], p["mask"]), []).append((p["seqlen"], schedule, measured))
+            groups.setdefault((p["mask"], p["hdim"]), []).append((p["seqlen"], schedule, measured))
     rules = []
-    for (hdim, mask), entries in sorted(groups.items()):
+    for (mask, hdim), entries in sorted(groups.items()):
         entries.sort()
         for i, (seqlen, schedule, measured) in enumerate(entries):
             lo = 0 if i == 0 else _boundary(entries[i - 1][0], seqlen)
             hi = None if i == len(entries) - 1 else _boundary(seqlen, entries[i + 1][0])
-            if rules and rules[-1]["head_dim"] == hdim and rules[-1]["mask"] == mask \
-                    and rules[-1]["schedule"] == schedule:
-                rules[-1]["seqlen_max"] = hi
-                rules[-1]["measured"][str(seqlen)] = measured
+            last = rules[-1] if rules else None
+            if last and (last["mask"], last["head_dim"], last["schedule"]) == (mask, hdim, schedule):
+                last["seqlen_max"] = hi
+                last["measured"][str(seqlen)] = measured
                 continue
             rules.append({"head_dim": hdim, "mask": mask, "seqlen_min": lo, "seqlen_max": hi,
                           "schedule": schedule, "measured": {str(seqlen): measured}})
@@ -74,33 +87,100 @@ def derive_auto_table(results: dict) -> dict:
     return {"format": FORMAT,
             "source": {k: env.get(k) for k in ("gpu", "sm_count", "torch", "triton", "cuda", "date", "git_commit")},
             "metric": "backward TFLOP/s of the deterministic schedules (cells that passed the bitwise check)",
-            "candidates": list(DETERMINISTIC_SCHEDULES),
+            "candidates": list(CANDIDATES),
             "rules": rules}
 
 
 def lookup(table: dict, *, head_dim: int, causal: bool, seqlen: int) -> Optional[str]:
-    """The schedule a table picks: rules of the nearest measured head dim (ties: the larger one),
-    the rule whose seqlen range holds ``seqlen``. None if the table has no rule for that mask."""
+    """The schedule the JSON table picks (same head-dim mapping as the .py rules). None: no rule."""
     mask = "causal" if causal else "full"
     rules = [r for r in table["rules"] if r["mask"] == mask]
     if not rules:
         return None
-    nearest = min({r["head_dim"] for r in rules}, key=lambda d: (abs(d - head_dim), -d))
+    dims = sorted({r["head_dim"] for r in rules})
+    dim = next((d for d in dims if d >= head_dim), dims[-1])
     for r in rules:
-        if r["head_dim"] == nearest and r["seqlen_min"] <= seqlen and (r["seqlen_max"] is None
-                                                                        or seqlen < r["seqlen_max"]):
+        if r["head_dim"] == dim and r["seqlen_min"] <= seqlen and (r["seqlen_max"] is None or seqlen < r["seqlen_max"]):
             return r["schedule"]
     return None
 
 
-def write_auto_table(results: dict, path: str) -> dict:
+def _source_text(rule: dict, env: dict) -> str:
+    figures = "; ".join(f"s={s}: " + ", ".join(f"{k} {v}" for k, v in sorted(m.items(), key=lambda kv: -kv[1]))
+                        for s, m in rule["measured"].items())
+    return (f"measured {env.get('gpu')} {str(env.get('date', ''))[:10]}, hdim{rule['head_dim']} {rule['mask']} "
+            f"bwd TFLOP/s {figures}")
+
+
+def auto_table_rules(results: dict, structural: list[dict]) -> list[dict]:
+    """Rules in auto_table.py's format: the structural ones (kept as they are), then the measured ones."""
     table = derive_auto_table(results)
     if not table["rules"]:
-        raise ValueError("no deterministic dash schedule was measured successfully in these results: "
-                         "cannot derive an auto table (run with --impls 'dash-*')")
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+        raise ValueError("no deterministic dash schedule ran successfully in these results: cannot derive "
+                         "an auto table (run with --impls 'dash-*')")
+    env = results.get("env", {})
+    out = [dict(r) for r in structural if r.get("mask") == "window" or any(k in r for k in STRUCTURAL_KEYS)]
+    for mask in ("causal", "full"):
+        measured = [r for r in table["rules"] if r["mask"] == mask]
+        if not measured:
+            # keep the existing rules for a mask this run did not measure
+            out += [dict(r) for r in structural if r.get("mask") == mask and r not in out]
+            continue
+        dims = sorted({r["head_dim"] for r in measured})
+        for rule in measured:
+            entry = {"mask": mask}
+            if rule["head_dim"] != dims[-1]:
+                entry["head_dim_max"] = rule["head_dim"]
+            if rule["seqlen_max"] is not None:
+                entry["seqlen_max"] = rule["seqlen_max"] - 1    # inclusive there, exclusive here
+            entry["schedule"] = rule["schedule"]
+            entry["source"] = _source_text(rule, env)
+            out.append(entry)
+    return out
+
+
+def render_auto_table_py(results: dict, structural: list[dict], *, results_path: Optional[str] = None) -> str:
+    env = results.get("env", {})
+    rules = auto_table_rules(results, structural)
+    body = ",\n".join("    " + pprint.pformat(r, width=110, sort_dicts=False).replace("\n", "\n    ")
+                      for r in rules)
+    return (f'"""Data for schedule=\'auto\' (read by auto.py). First matching rule wins.\n\n'
+            f"Keys: mask (full | causal | window: any sliding window, causal or not); head_dim_max and\n"
+            f"seqlen_max (inclusive upper bounds, absent = any; seqlen is max(seqlen_q, seqlen_k), for varlen\n"
+            f"the longest sequence); equal_lengths (True/False: seqlen_q == seqlen_k); varlen (True/False);\n"
+            f"schedule (ascending | spt | descending | shift); source (why).\n\n"
+            f"Generated by `dash-bench --write-auto-table` from {results_path or 'a dash-bench run'}\n"
+            f"({env.get('gpu')}, {env.get('sm_count')} SMs, torch {env.get('torch')}, triton {env.get('triton')}, "
+            f"{env.get('date')}, commit {env.get('git_commit')}).\n"
+            f"Measured rules: the fastest deterministic schedule per (mask, head dim, seqlen range); rules\n"
+            f"for shapes the benchmark does not measure (window, varlen, unequal lengths) are kept from the\n"
+            f"previous table. A fixed table, never a timing taken at run time.\n"
+            f'"""\n\nRULES = [\n{body},\n]\n')
+
+
+def current_structural_rules() -> list[dict]:
+    try:
+        from dash_plugin.schedules import auto_table
+        return list(auto_table.RULES)
+    except Exception:
+        return []
+
+
+def write_auto_table(results: dict, path: str, *, results_path: Optional[str] = None):
+    """Write the table (.py: auto_table.py format; otherwise JSON). Returns the rules written."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if path.endswith(".py"):
+        text = render_auto_table_py(results, current_structural_rules(), results_path=results_path)
+        namespace: dict = {}
+        exec(compile(text, path, "exec"), namespace)   # never write a file that does not load
+        with open(path, "w") as f:
+            f.write(text)
+        return namespace["RULES"]
+    table = derive_auto_table(results)
+    if not table["rules"]:
+        raise ValueError("no deterministic dash schedule ran successfully in these results: cannot derive "
+                         "an auto table (run with --impls 'dash-*')")
     with open(path, "w") as f:
         json.dump(table, f, indent=1)
         f.write("\n")
-    return table
+    return table["rules"]

@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--from-json", default=None, metavar="RESULTS",
                     help="do not run: rebuild the reports (and/or the auto table) from a results.json")
     ap.add_argument("--write-auto-table", default=None, metavar="PATH",
-                    help="write the auto schedule table derived from the results (this run's or --from-json's)")
+                    help="derive the auto schedule table from the results (this run's or --from-json's): "
+                         "PATH.py in dash_plugin/schedules/auto_table.py's format, else JSON with the figures")
     return ap
 
 
@@ -89,8 +90,8 @@ def _finish(results, args, command) -> int:
         print(f"  target: {row['title']}: {value} (goal {row['op']} {row['goal']:.2f}x) -> {row['verdict']}")
     if args.write_auto_table:
         from .autotable import write_auto_table
-        table = write_auto_table(results, args.write_auto_table)
-        print(f"wrote {args.write_auto_table} ({len(table['rules'])} rules)")
+        rules = write_auto_table(results, args.write_auto_table, results_path=args.from_json)
+        print(f"wrote {args.write_auto_table} ({len(rules)} rules)")
     return 0
 
 
