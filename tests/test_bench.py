@@ -37,8 +37,8 @@ def test_protocol_points_shapes():
     assert {(p.hdim, p.heads_q, p.heads_kv) for p in gqa} == {(256, 8, 8), (128, 16, 4)}
     assert "hdim128-gqa4-full-s16384" in {p.key for p in gqa}
     assert [p.key for p in protocol.quick_points()] == [
-        "hdim128-causal-s2048", "hdim128-full-s2048", "hdim128-causal-s8192", "hdim128-full-s8192",
-        "hdim64-causal-s2048", "hdim64-full-s2048"]
+        "hdim64-causal-s2048", "hdim64-full-s2048", "hdim128-causal-s2048", "hdim128-full-s2048",
+        "hdim128-causal-s8192", "hdim128-full-s8192"]
 
 
 def test_protocol_rejects_bad_input():
