@@ -88,7 +88,14 @@ class _RegisterOnImport(importlib.abc.MetaPathFinder):
         original_exec = loader.exec_module
 
         def exec_module(module):
+            # Undo the patch first: a loader object may serve other modules too (e.g. a zip importer).
+            try:
+                del loader.exec_module
+            except AttributeError:
+                pass
             original_exec(module)
+            if module.__name__ != fullname:
+                return
             _CALLBACKS[fullname](module)
             self.pending.discard(fullname)
             if not self.pending:
