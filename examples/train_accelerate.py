@@ -216,6 +216,10 @@ def main(argv=None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                   foreach=True)  # not fused: one well-defined kernel sequence everywhere
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if (args.stop_at or args.resume_from) and accelerator.distributed_type.name.startswith("FSDP"):
+        # The checkpoint keeps one full copy of the optimizer state (right for one process and for DDP,
+        # where it is replicated); FSDP shards it, which this example does not save.
+        raise SystemExit("--stop-at/--resume-from support one process and DDP, not FSDP")
     # Digests by name from the unwrapped module: its parameters are the ones DDP trains.
     named = list(accelerator.unwrap_model(model).named_parameters())
     names = [n for n, _ in named]
@@ -283,6 +287,13 @@ def main(argv=None) -> int:
                 "loss_float": float(loss_value), "tokens_per_s": tokens / seconds,
                 "mfu": tokens * flops_per_token / seconds / (peak * world) if peak else None,
                 "params": params_seen, "grads": grads})
+        if step == start_step + 1 and accelerator.is_main_process and args.attn == "dash":
+            # Record what the attention actually resolved to (schedule, determinism, and who decided).
+            import dash_plugin
+
+            resolved = dash_plugin.last_resolved()
+            meta["dash_resolved"] = resolved.describe() if resolved is not None else None
+            (out / "meta.json").write_text(json.dumps(meta, indent=1))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{float(loss_value):.4f}")

@@ -71,6 +71,7 @@ def test_two_runs_are_bit_identical(run_a, tmp_path):
     assert all(len(s["grads"]) == len(s["params"]) == 21 for s in steps)
     meta = json.loads((run_a / "meta.json").read_text())
     assert meta["args"]["attn"] == "dash" and len(meta["param_names"]) == 21
+    assert "deterministic=True" in meta["dash_resolved"]  # the dash attention ran, deterministically
 
 
 def test_compare_finds_injected_difference(run_a, tmp_path):

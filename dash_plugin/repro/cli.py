@@ -139,7 +139,7 @@ def cmd_compare(args) -> int:
 def cmd_plot(args) -> int:
     from dash_plugin.repro.plot import plot_runs
 
-    png = plot_runs(args.run_a, args.run_b, args.output)
+    png = plot_runs(args.run_a, args.run_b, args.output, title=args.title)
     print(f"plot: {png}")
     return 0
 
@@ -198,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("run_a")
     pl.add_argument("run_b")
     pl.add_argument("-o", "--output", default="loss.png")
+    pl.add_argument("--title", default=None)
     d = sub.add_parser("demo", help="one command: identical runs on the CPU; on a GPU also the atomic schedule")
     d.add_argument("--out", default="dash-repro-demo")
     d.add_argument("--steps", type=int, default=30)

@@ -35,10 +35,29 @@ def plot_runs(run_a, run_b, out_png, *, labels=("run A", "run B"), title=None) -
     bottom.set_xlabel("step")
     n_diff = sum(d != 0.0 for d in diff)
     peak = max((abs(d) for d in diff), default=0.0)
-    bottom.set_title(f"{n_diff} of {common} steps differ; max |difference| {peak:.3g}", fontsize=9)
+    summary = f"loss differs at {n_diff} of {common} steps; max |difference| {peak:.3g}"
+    first = _first_difference(run_a, run_b)
+    if first is not None:
+        # The fingerprints (weights, gradients) usually differ before the rounded loss does.
+        for ax in (top, bottom):
+            ax.axvline(first, color="C3", ls=":", lw=1)
+        top.text(first, top.get_ylim()[1], f" first bit difference: step {first}", color="C3", va="top",
+                 fontsize=8)
+        summary += f"; first bit difference (weights/grads/loss) at step {first}"
+    bottom.set_title(summary, fontsize=8)
     fig.tight_layout()
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return out_png
+
+
+def _first_difference(run_a, run_b) -> int | None:
+    from dash_plugin.repro.compare import compare_runs
+
+    try:
+        first = compare_runs(run_a, run_b).first
+    except (OSError, ValueError, KeyError):  # plotting does not need the fingerprints
+        return None
+    return None if first is None else first.step
