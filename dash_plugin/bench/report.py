@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 MIB = 2.0 ** 20
+# Two correct bf16 implementations differ by about 1e-2 of the largest value at most (rounding
+# of out, differing accumulation orders of dq); far above that a result is wrong, however fast.
+SUSPECT_ERR = 0.05
 
 
 # ---------------------------------------------------------------------------- access helpers
@@ -115,6 +118,12 @@ def evaluate_target(target: Target, results: dict) -> dict:
     if nondet:
         met = False
         row["detail"] += f"; NOT bitwise deterministic at {', '.join(sorted(set(nondet)))}"
+    # ... and no figure of ours counts if its results are wrong.
+    wrong = [k for _, k, name in ratios for name in target.numerator
+             if (cells.get((k, name), {}).get("max_rel_err") or 0.0) > SUSPECT_ERR]
+    if wrong:
+        met = False
+        row["detail"] += f"; WRONG results (error > {SUSPECT_ERR}) at {', '.join(sorted(set(wrong)))}"
     row["verdict"] = "met" if met else "not met"
     return row
 
@@ -160,6 +169,8 @@ def _cell_text(cell: Optional[dict], metric: str) -> str:
     text = f"{value:.1f}" if value >= 10 else f"{value:.3g}"   # CPU runs give tiny figures
     if metric == "bwd_tflops" and cell.get("deterministic") is False:
         text += " nd"
+    if metric.endswith("_tflops") and (cell.get("max_rel_err") or 0.0) > SUSPECT_ERR:
+        text += " WRONG"
     return text
 
 
@@ -216,7 +227,8 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
         out.append(f"| {row['title']} | {_fmt_value(row)} | {row['op']} {row['goal']:.2f}x | "
                    f"{row['verdict']} | {row['detail']} |")
     sections = [
-        ("Backward TFLOP/s", "bwd_tflops", "`nd`: the bitwise check found differing gradients (non-deterministic)."),
+        ("Backward TFLOP/s", "bwd_tflops", "`nd`: the bitwise check found differing gradients (non-deterministic). "
+         f"`WRONG`: error against the point's reference above {SUSPECT_ERR}."),
         ("Forward TFLOP/s", "fwd_tflops", "Forward with inputs that require grad (the training forward)."),
         ("Bitwise-deterministic backward (checked)", "deterministic",
          "`no (k/n)`: k of the n repeated backward passes differed from the first."),
@@ -233,6 +245,13 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
         out.append(f"| {impl['name']} | {impl['description']} | {impl.get('claims_deterministic')} |")
     for name, reason in results.get("unavailable", {}).items():
         out.append(f"| {name} | not run: {reason} | |")
+    spent = {}
+    for c in results["cells"]:
+        if c.get("seconds") is not None:
+            spent[c["impl"]] = spent.get(c["impl"], 0.0) + c["seconds"]
+    if spent:
+        out += ["", "Wall time per implementation, compiles and checks included (s): "
+                + ", ".join(f"{name} {sec:.0f}" for name, sec in spent.items())]
     errors = {}
     for c in results["cells"]:
         if c.get("status") not in ("ok", "skipped"):
