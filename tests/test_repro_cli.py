@@ -58,3 +58,14 @@ def test_module_entry_point_help():
 
     res = subprocess.run([sys.executable, "-m", "dash_plugin.repro", "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "dash-repro" in res.stdout and "demo" in res.stdout
+
+
+def test_build_command_with_and_without_launcher(tmp_path):
+    from dash_plugin.repro.cli import build_command
+
+    script = tmp_path / "t.py"
+    assert build_command(script, ["--steps", "3"], tmp_path / "r1") == [
+        sys.executable, str(script), "--steps", "3", "--out", str(tmp_path / "r1")]
+    cmd = build_command(script, ["--size", "small"], tmp_path / "r2", "accelerate launch --num_processes 2")
+    assert cmd == ["accelerate", "launch", "--num_processes", "2", str(script), "--size", "small",
+                   "--out", str(tmp_path / "r2")]

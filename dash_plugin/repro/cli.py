@@ -2,6 +2,7 @@
 
     dash-repro demo                         tiny model twice on the CPU (+ the atomic schedule on a GPU)
     dash-repro run --size tiny --steps 30   the same training twice, in separate processes, then compare
+    dash-repro run --launch "accelerate launch --num_processes 2" --size small   the same with DDP
     dash-repro compare RUN_A RUN_B          the first step where two runs differ, and which tensors
     dash-repro plot RUN_A RUN_B -o loss.png both loss curves and their difference
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -58,8 +60,15 @@ def _count_lines(path: Path) -> int:
         return 0
 
 
+def build_command(script: Path, train_args: list[str], out: Path, launch: str | None = None) -> list[str]:
+    """The command of one run: `python SCRIPT ARGS --out OUT`, or with a launcher (e.g. "accelerate launch
+    --num_processes 2") in place of `python`."""
+    prefix = shlex.split(launch) if launch else [sys.executable]
+    return [*prefix, str(script), *train_args, "--out", str(out)]
+
+
 def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, parallel: bool = False,
-                 desc: str = "") -> None:
+                 desc: str = "", launch: str | None = None) -> None:
     """Run the training script once per output directory, with identical arguments, showing progress.
 
     Each run is a fresh Python process (nothing cached in memory is shared), with its output in
@@ -82,7 +91,7 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
                 d.mkdir(parents=True, exist_ok=True)
                 (d / "steps.jsonl").unlink(missing_ok=True)
                 log = open(d / "train.log", "w")
-                cmd = [sys.executable, str(script), *train_args, "--out", str(d)]
+                cmd = build_command(script, train_args, d, launch)
                 log.write("$ " + " ".join(cmd) + "\n")
                 log.flush()
                 running.append((i, d, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
@@ -110,9 +119,10 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
             b.close()
 
 
-def run_twice(train_args, out: Path, *, script: Path, parallel: bool = False, desc: str = ""):
+def run_twice(train_args, out: Path, *, script: Path, parallel: bool = False, desc: str = "",
+              launch: str | None = None):
     dirs = [out / "run1", out / "run2"]
-    run_training(list(train_args), dirs, script=script, parallel=parallel, desc=desc)
+    run_training(list(train_args), dirs, script=script, parallel=parallel, desc=desc, launch=launch)
     return compare_runs(dirs[0], dirs[1])
 
 
@@ -120,7 +130,9 @@ def run_twice(train_args, out: Path, *, script: Path, parallel: bool = False, de
 
 def cmd_run(args, train_args) -> int:
     script = find_script(args.script)
-    cmp = run_twice(train_args, Path(args.out), script=script, parallel=args.parallel)
+    if args.launch and args.parallel:
+        raise RunFailed("--parallel with --launch would put two multi-process runs on the same devices")
+    cmp = run_twice(train_args, Path(args.out), script=script, parallel=args.parallel, launch=args.launch)
     print(cmp.report())
     if args.plot:
         from dash_plugin.repro.plot import plot_runs
@@ -183,13 +195,16 @@ def cmd_demo(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dash-repro", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run the same training twice and compare (other options go to the training)")
     r.add_argument("--out", default="dash-repro-run", help="directory for run1/ and run2/ (default %(default)s)")
     r.add_argument("--script", default=None, help="training script (default: examples/train_accelerate.py)")
     r.add_argument("--parallel", action="store_true", help="run both at once (give each --threads on the CPU)")
     r.add_argument("--plot", action="store_true", help="also write OUT/loss.png")
+    r.add_argument("--launch", default=None, metavar="CMD",
+                   help='launcher instead of python, e.g. "accelerate launch --num_processes 2" (DDP/FSDP)')
     c = sub.add_parser("compare", help="first step and tensors where two runs differ")
     c.add_argument("run_a")
     c.add_argument("run_b")
