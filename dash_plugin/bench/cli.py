@@ -84,7 +84,7 @@ def _points(args):
 def _finish(results, args, command) -> int:
     from . import report
     paths = report.write_reports(results, args.out, command=command)
-    print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}")
+    print("wrote " + ", ".join(p for p in paths.values() if p))
     for row in report.evaluate_targets(results):
         value = "-" if row["value"] is None else f"{row['value']:.2f}x"
         print(f"  target: {row['title']}: {value} (goal {row['op']} {row['goal']:.2f}x) -> {row['verdict']}")
@@ -111,7 +111,8 @@ def _main(args, command) -> int:
         results = report.read_json(args.from_json)
         if args.out == "dash-bench-out":   # default: next to the JSON it came from
             args.out = os.path.dirname(os.path.abspath(args.from_json))
-        return _finish(results, args, command)
+        # the reports name the command that measured the figures, not this one
+        return _finish(results, args, results.get("config", {}).get("command") or command)
 
     # Under torch.use_deterministic_algorithms cuBLAS needs a fixed workspace; set before CUDA starts.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -331,5 +331,9 @@ def write_reports(results: dict, out_dir: str, *, command: Optional[str] = None,
     paths = {ext: os.path.join(out_dir, f"{stem}.{ext}") for ext in ("json", "md", "png")}
     write_json(results, paths["json"])
     write_markdown(results, paths["md"], command=command)
-    write_plot(results, paths["png"])
+    try:
+        write_plot(results, paths["png"])
+    except Exception as exc:   # the figures are in the JSON and the table; a plot failure must not lose them
+        print(f"dash-bench: could not draw {paths['png']}: {type(exc).__name__}: {exc}")
+        paths["png"] = None
     return paths
