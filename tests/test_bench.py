@@ -361,12 +361,12 @@ def test_watchdog_reports_a_hung_cell(monkeypatch):
 
     def slow(q):
         if not calls:        # the first call stands for a kernel that never returns
-            _time.sleep(1.0)
+            _time.sleep(3.0)
         calls.append(1)
         return q
     impls = [_fake_impl("plain"), _fake_impl("stuck", slow), _fake_impl("after")]
     runner.run_benchmark([_SMALL], impls, torch.device("cpu"), _FAST, log=lambda s: None,
-                         cell_timeout_s=0.3, on_hang=reports.append)
+                         cell_timeout_s=1.5, on_hang=reports.append)
     assert exits == [True] and len(reports) == 1
     hung = reports[0]
     assert [(c["impl"], c["status"]) for c in hung["cells"]] == [("plain", "ok"), ("stuck", "hung"),
