@@ -373,3 +373,25 @@ def test_watchdog_reports_a_hung_cell(monkeypatch):
                                                                  ("after", "skipped")]
     assert hung["complete"] is False and "stuck at hdim32-causal-s64" in hung["stop_reason"]
     assert "hung" in report.render_markdown(hung)
+
+
+def test_merge_split_runs(tmp_path):
+    """A full protocol split over several commands: the reports and the targets cover every point."""
+    whole = _synthetic_results()
+    parts = []
+    for n, keys in enumerate((["hdim128-causal-s16384"], ["hdim64-full-s2048", "hdim64-full-s8192"])):
+        part = dict(whole, points=[p for p in whole["points"] if p["key"] in keys],
+                    cells=[c for c in whole["cells"] if c["point"] in keys],
+                    config=dict(whole["config"], command=f"dash-bench part{n}"))
+        report.write_json(part, str(tmp_path / f"part{n}.json"))
+        parts.append(str(tmp_path / f"part{n}.json"))
+    assert cli.main(["--from-json", ",".join(parts), "--out", str(tmp_path / "all")]) == 0
+    merged = report.read_json(str(tmp_path / "all" / "results.json"))
+    assert [p["key"] for p in merged["points"]] == [p["key"] for p in whole["points"]]
+    assert report.evaluate_targets(merged) == report.evaluate_targets(whole)
+    assert "Merged from 2 runs" in (tmp_path / "all" / "results.md").read_text()
+    with pytest.raises(ValueError, match="is in both"):
+        report.merge_results([whole, whole], ["a", "b"])
+    other = dict(whole, env=dict(whole["env"], gpu="NVIDIA H100"))
+    with pytest.raises(ValueError, match="different devices"):
+        report.merge_results([whole, other], ["a", "b"])

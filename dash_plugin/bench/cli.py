@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "status 3 (default 240; 0 disables)")
     ap.add_argument("--out", default="dash-bench-out", help="output folder (default ./dash-bench-out)")
     ap.add_argument("--from-json", default=None, metavar="RESULTS",
-                    help="do not run: rebuild the reports (and/or the auto table) from a results.json")
+                    help="do not run: rebuild the reports (and/or the auto table) from a results.json, or "
+                         "from several (comma list) that measured different points on the same GPU")
     ap.add_argument("--write-auto-table", default=None, metavar="PATH",
                     help="derive the auto schedule table from the results (this run's or --from-json's): "
                          "PATH.py in dash_plugin/schedules/auto_table.py's format, else JSON with the figures")
@@ -108,9 +109,10 @@ def main(argv=None) -> int:
 def _main(args, command) -> int:
     if args.from_json:
         from . import report
-        results = report.read_json(args.from_json)
-        if args.out == "dash-bench-out":   # default: next to the JSON it came from
-            args.out = os.path.dirname(os.path.abspath(args.from_json))
+        files = [f.strip() for f in args.from_json.split(",") if f.strip()]
+        results = report.merge_results([report.read_json(f) for f in files], files)
+        if args.out == "dash-bench-out":   # default: next to the (first) JSON it came from
+            args.out = os.path.dirname(os.path.abspath(files[0]))
         # the reports name the command that measured the figures, not this one
         return _finish(results, args, results.get("config", {}).get("command") or command)
 

@@ -151,6 +151,35 @@ def read_json(path: str) -> dict:
     return results
 
 
+def merge_results(parts: list[dict], names: list[str]) -> dict:
+    """One results dict from runs that measured different points on the same GPU (a full protocol
+    split over several commands). Every point keeps all its cells from one process, so each ratio is
+    still taken side by side; a point measured twice is an error rather than a silent choice."""
+    if len(parts) == 1:
+        return parts[0]
+    gpus = {part["env"].get("gpu") for part in parts}
+    if len(gpus) != 1:
+        raise ValueError(f"cannot merge results from different devices: {sorted(map(str, gpus))}")
+    merged = dict(parts[0], points=[], cells=[], implementations=[], unavailable={})
+    seen = {}
+    for part, name in zip(parts, names):
+        for p in part["points"]:
+            if p["key"] in seen:
+                raise ValueError(f"point {p['key']} is in both {seen[p['key']]} and {name}: merge disjoint runs")
+            seen[p["key"]] = name
+            merged["points"].append(p)
+        merged["cells"] += part["cells"]
+        known = {i["name"] for i in merged["implementations"]}
+        merged["implementations"] += [i for i in part["implementations"] if i["name"] not in known]
+        merged["unavailable"].update(part.get("unavailable", {}))
+    merged["complete"] = all(part.get("complete") for part in parts)
+    merged["stop_reason"] = "; ".join(part["stop_reason"] for part in parts if part.get("stop_reason")) or None
+    merged["elapsed_s"] = round(sum(part.get("elapsed_s") or 0.0 for part in parts), 1)
+    merged["merged_from"] = [{"file": name, "date": part["env"].get("date"),
+                              "command": part.get("config", {}).get("command")} for part, name in zip(parts, names)]
+    return merged
+
+
 # ---------------------------------------------------------------------------- markdown
 def _cell_text(cell: Optional[dict], metric: str) -> str:
     if cell is None:
@@ -202,7 +231,10 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
            f"- Date: {env.get('date')}; run {'complete' if results.get('complete') else 'INCOMPLETE'}"
            + (f" ({results.get('stop_reason')})" if results.get("stop_reason") else "")
            + f"; {results.get('elapsed_s', '?')} s"]
-    if command:
+    if results.get("merged_from"):
+        out.append(f"- Merged from {len(results['merged_from'])} runs on this GPU; all figures of one point come "
+                   "from one process: " + "; ".join(f"`{m['command']}` ({m['date']})" for m in results["merged_from"]))
+    elif command:
         out.append(f"- Command: `{command}`")
     shapes = ("miniature shapes (--tiny)" if cfg.get("mode") == "tiny"
               else "16k tokens per point, model dim 2048 (heads = 2048 / hdim)")
