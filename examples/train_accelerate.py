@@ -20,7 +20,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import sys

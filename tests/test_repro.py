@@ -190,3 +190,24 @@ def test_setup_deterministic_training_sets_and_reports(monkeypatch):
             setup_deterministic_training(-1)
     finally:
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+
+
+def test_seed_worker_seeds_python_and_numpy_from_the_worker_seed():
+    import random
+
+    import numpy as np
+
+    from dash_plugin.integrations.accelerate import seed_worker
+
+    state = torch.get_rng_state()
+    try:
+        draws = []
+        for _ in range(2):
+            torch.manual_seed(1234)  # what DataLoader does in a worker: base_seed + worker_id
+            seed_worker(0)
+            draws.append((random.random(), float(np.random.rand())))
+        torch.manual_seed(99)
+        seed_worker(0)
+        assert draws[0] == draws[1] and (random.random(), float(np.random.rand())) != draws[0]
+    finally:
+        torch.set_rng_state(state)
