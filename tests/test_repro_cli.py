@@ -12,7 +12,8 @@ def test_demo_cpu_runs_twice_in_fresh_processes(tmp_path, capsys):
     rc = main(["demo", "--steps", "2", "--cpu", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "DEMO PASSED: IDENTICAL: 2 runs, 2 steps, losses/grads/weights bit-identical" in out
+    assert "tiny model: IDENTICAL: 2 runs, 2 steps, losses/grads/weights bit-identical" in out
+    assert out.rstrip().endswith("DEMO PASSED: deterministic runs are bit-identical")
     png = tmp_path / "tiny.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
     for run in ("run1", "run2"):  # each run was its own process with its own log
@@ -69,3 +70,29 @@ def test_build_command_with_and_without_launcher(tmp_path):
     cmd = build_command(script, ["--size", "small"], tmp_path / "r2", "accelerate launch --num_processes 2")
     assert cmd == ["accelerate", "launch", "--num_processes", "2", str(script), "--size", "small",
                    "--out", str(tmp_path / "r2")]
+
+
+def test_demo_gpu_branch_reports_all_three_pairs(tmp_path, capsys, monkeypatch):
+    """The GPU part of the demo, with the runs replaced by fixed comparisons (no GPU here)."""
+    import torch
+
+    from dash_plugin.repro import cli
+    from dash_plugin.repro.compare import Comparison, StepDifference
+
+    calls = []
+
+    def fake_pair(name, title, train_args, out, script):
+        calls.append((name, train_args))
+        first = StepDifference(1, {}, {"params": [], "grads": ["model.layers.3.self_attn.q_proj.weight"]})
+        return Comparison("a", "b", 2, 2, first if name == "gpu-atomic" else None, name != "gpu-atomic")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "FAKE GPU")
+    monkeypatch.setattr(cli, "_demo_pair", fake_pair)
+    assert main(["demo", "--steps", "2", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert [c[0] for c in calls] == ["tiny", "gpu-deterministic", "gpu-atomic"]
+    assert "--cpu" not in calls[0][1] and calls[2][1][-2:] == ["--schedule", "atomic"]
+    assert ("atomic schedule (the check can fail): DIFFERENT: first difference at step 1: grads (in backward "
+            "order) of 1 tensors in layer 3: model.layers.3.self_attn.q_proj.weight (layer 3)") in out
+    assert out.rstrip().endswith("DEMO PASSED: deterministic runs are bit-identical")

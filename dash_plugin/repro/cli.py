@@ -156,40 +156,49 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def _demo_pair(name, title, train_args, out: Path, script: Path):
+    """Two runs, the full report, and a plot titled with the verdict (never a claim made in advance)."""
+    from dash_plugin.repro.plot import plot_runs
+
+    cmp = run_twice(train_args, out / name, script=script, desc=f"{name} ")
+    print(cmp.report())
+    outcome = "identical bits" if cmp.identical else f"first bit difference at step {cmp.first.step}" \
+        if cmp.first else "different"
+    print(f"plot: {plot_runs(cmp.run_a, cmp.run_b, out / f'{name}.png', title=f'{title}: {outcome}')}")
+    return cmp
+
+
 def cmd_demo(args) -> int:
     import torch
-
-    from dash_plugin.repro.plot import plot_runs
 
     script = find_script(args.script)
     out = Path(args.out)
     cuda = torch.cuda.is_available() and not args.cpu
     base = ["--size", "tiny", "--steps", str(args.steps), "--attn", args.attn]
-    print(f"dash-repro demo: {'GPU ' + torch.cuda.get_device_name() if cuda else 'CPU'}; outputs in {out}")
+    print(f"dash-repro demo on {'GPU ' + torch.cuda.get_device_name() if cuda else 'the CPU'}; outputs in {out}")
     print(f"1) the same training twice ({' '.join(base)}), each in a fresh process")
-    det = run_twice(base + ([] if cuda else ["--cpu"]), out / "tiny", script=script, desc="tiny ")
-    print(det.report())
-    png = plot_runs(det.run_a, det.run_b, out / "tiny.png", title="tiny model, two runs: identical bits")
-    print(f"plot: {png}")
-    ok = det.identical
+    tiny = _demo_pair("tiny", "tiny model, two runs", base + ([] if cuda else ["--cpu"]), out, script)
+    summary = [f"tiny model: {tiny.verdict()}"]
+    ok = tiny.identical
     if cuda:
-        # Atomic dQ adds reorder only with 3+ contributions per tile: a longer sequence gives many KV tiles.
+        # Atomic dQ adds can only come out in another order with 3+ contributions per dQ tile: a longer
+        # sequence gives many KV tiles per Q tile.
         gpu = ["--size", "small", "--seq-len", "1024", "--steps", str(args.steps), "--attn", args.attn]
-        print(f"2) a deterministic schedule on the GPU ({' '.join(gpu)}), twice")
-        det_gpu = run_twice(gpu, out / "gpu-deterministic", script=script, desc="deterministic ")
-        print(det_gpu.verdict())
-        ok = ok and det_gpu.identical
-        print("3) the same with the nondeterministic `atomic` schedule (expected to diverge), twice")
-        atomic = run_twice(gpu + ["--schedule", "atomic"], out / "gpu-atomic", script=script, desc="atomic ")
-        print(atomic.report())
-        png = plot_runs(atomic.run_a, atomic.run_b, out / "gpu-atomic.png",
-                        title="atomic schedule, two runs: the bits drift apart")
-        print(f"plot: {png}")
+        print(f"2) a deterministic dash schedule on the GPU, twice ({' '.join(gpu)})")
+        det = _demo_pair("gpu-deterministic", "deterministic schedule, two runs", gpu, out, script)
+        summary.append(f"deterministic schedule: {det.verdict()}")
+        ok = ok and det.identical
+        print("3) the same with the nondeterministic `atomic` schedule, twice (expected to diverge)")
+        atomic = _demo_pair("gpu-atomic", "atomic schedule, two runs", gpu + ["--schedule", "atomic"], out, script)
         if atomic.identical:
-            print("note: the atomic runs happened to agree this time; atomic adds may, not must, reorder")
+            summary.append("atomic schedule: the two runs happened to agree this time (atomics may, not must, "
+                           "reorder)")
         else:
-            print(f"the check can fail: atomic runs first differ at step {atomic.first.step if atomic.first else '?'}")
-    print(("DEMO PASSED: " if ok else "DEMO FAILED: ") + det.verdict())
+            summary.append(f"atomic schedule (the check can fail): {atomic.verdict()}")
+    print()
+    print("\n".join(summary))
+    print("DEMO PASSED: deterministic runs are bit-identical" if ok else
+          "DEMO FAILED: deterministic runs differ (see above)")
     return 0 if ok else 1
 
 
