@@ -44,3 +44,28 @@ def test_gpu_atomic_schedule_diverges(tmp_path):
     if cmp.identical:  # atomics may, not must, reorder: say so rather than pass or fail silently
         pytest.xfail("the two atomic runs happened to agree bit for bit")
     assert cmp.first.tensors["grads"], "a dQ-order difference must show first in the gradients"
+
+
+def _two_gpus():
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+LAUNCH = f"{__import__('sys').executable} -m accelerate.commands.launch --num_processes 2"
+MULTI = {
+    "ddp": f"{LAUNCH} --multi_gpu",
+    "fsdp2": f"{LAUNCH} --use_fsdp --fsdp_version 2 --fsdp_state_dict_type FULL_STATE_DICT",
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", sorted(MULTI))
+def test_two_gpu_runs_bit_identical(tmp_path, kind, monkeypatch):
+    if not _two_gpus():
+        pytest.skip("needs 2 CUDA GPUs")
+    monkeypatch.setenv("NCCL_ALGO", "Ring")  # pin NCCL's algorithm choice for both runs
+    cmp = run_twice(["--size", "small", "--seq-len", "1024", "--batch-size", "4", "--steps", "8"], tmp_path,
+                    script=find_script(), launch=MULTI[kind])
+    assert cmp.identical, cmp.report()
+    assert '"num_processes": 2' in (Path(cmp.run_a) / "meta.json").read_text()
