@@ -1,0 +1,199 @@
+"""GPU tests of the Triton attention kernels (marker `gpu`; skipped without CUDA).
+
+- every feature x every schedule, bf16 and fp16, against the float64 CPU reference;
+- every deterministic schedule: 1,000 backward passes bitwise equal while another stream runs
+  matrix products; `atomic` shown to differ (so the bitwise check can fail);
+- schedules agree with each other; two concurrent backward passes on two streams and CUDA
+  graph replays give the bits of a plain call (semaphores are zeroed per call);
+- int64 offsets: a varlen batch with more than 2**31 elements in q.
+"""
+import os
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    from dash_plugin.kernels import attn_bwd, attn_fwd, reference
+
+SCHEDULES = ("atomic", "ascending", "spt", "descending", "shift", "split")
+DETERMINISTIC = ("ascending", "spt", "descending", "shift", "split")
+N_DETERMINISM = int(os.environ.get("DASH_DETERMINISM_PASSES", "1000"))
+
+# name -> (dense shape (B, Sq, Sk, Hq, Hkv, D), keywords); varlen handled apart
+FEATURES = {
+    "full": ((2, 384, 384, 4, 4, 64), {}),
+    "causal": ((2, 384, 384, 4, 4, 128), {"causal": True}),
+    "causal_sq_lt_sk": ((2, 200, 456, 4, 2, 64), {"causal": True}),
+    "causal_sq_gt_sk": ((2, 456, 200, 4, 2, 64), {"causal": True}),
+    "window": ((2, 512, 512, 4, 2, 96), {"window_left": 100, "window_right": 30}),
+    "softcap": ((2, 384, 384, 4, 1, 128), {"causal": True, "softcap": 20.0}),
+    "dropout": ((2, 384, 384, 4, 2, 64), {"causal": True, "dropout_p": 0.2, "seed": 1234}),
+    "hdim256": ((1, 256, 256, 2, 1, 256), {"causal": True}),
+    "hdim32": ((2, 384, 384, 4, 4, 32), {}),
+}
+TOL = {torch.bfloat16: 2.5e-2, torch.float16: 6e-3}
+
+
+def rel(a, b):
+    a = a.double().cpu()
+    assert torch.isfinite(a).all(), "NaN/inf in kernel output"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def make(shape, dtype, seed=0):
+    b, sq, sk, hq, hkv, d = shape
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    return mk(b, sq, hq, d), mk(b, sk, hkv, d), mk(b, sk, hkv, d), mk(b, sq, hq, d)
+
+
+def ref64(q, k, v, do, **kw):
+    c = lambda t: t.detach().double().cpu() if t is not None else None  # noqa: E731
+    kw = {n: (c(x) if torch.is_tensor(x) else x) for n, x in kw.items()}
+    o, lse = reference.attention_forward(c(q), c(k), c(v), **kw)
+    grads = reference.attention_backward(c(do), c(q), c(k), c(v), o, lse, **kw)
+    return o, lse, grads
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("feature", list(FEATURES) + ["varlen"])
+def test_every_feature_every_schedule_matches_float64_reference(feature, dtype):
+    if feature == "varlen":
+        lens_q, lens_k = [130, 1, 300, 64], [200, 17, 300, 0]
+        hq, hkv, d = 4, 2, 64
+        kw = {"causal": True}
+        g = torch.Generator(device="cuda").manual_seed(3)
+        q = torch.randn(sum(lens_q), hq, d, device="cuda", dtype=dtype, generator=g)
+        k = torch.randn(sum(lens_k), hkv, d, device="cuda", dtype=dtype, generator=g)
+        v = torch.randn(sum(lens_k), hkv, d, device="cuda", dtype=dtype, generator=g)
+        do = torch.randn_like(q)
+        cu = lambda ls: torch.tensor([0] + torch.tensor(ls).cumsum(0).tolist(), dtype=torch.int32)  # noqa: E731
+        kw.update(cu_seqlens_q=cu(lens_q).cuda(), cu_seqlens_k=cu(lens_k).cuda(),
+                  max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k))
+    else:
+        shape, kw = FEATURES[feature]
+        q, k, v, do = make(shape, dtype)
+        d = shape[-1]
+    kw = dict(kw, softmax_scale=d ** -0.5)
+    out, lse = attn_fwd.attention_forward(q, k, v, **kw)
+    o64, lse64, g64 = ref64(q, k, v, do, **kw)
+    assert rel(out, o64) < TOL[dtype]
+    fin = torch.isfinite(lse64)
+    assert torch.equal(torch.isinf(lse.cpu()), ~fin)
+    assert (lse.cpu().double()[fin] - lse64[fin]).abs().max() < 1e-2
+    for schedule in SCHEDULES:
+        grads = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule,
+                                            deterministic=schedule != "atomic", **kw)
+        for name, gk, gr in zip("dq dk dv".split(), grads, g64):
+            err = rel(gk, gr)
+            assert err < TOL[dtype], f"{schedule} {name}: rel err {err:.2e}"
+
+
+def _side_stream_matmuls(stream, n=8):
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    with torch.cuda.stream(stream):
+        for _ in range(n):
+            a = (a @ a).clamp_(-1, 1)
+    return a
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("schedule", DETERMINISTIC)
+def test_deterministic_schedules_bitwise_over_many_passes_with_busy_side_stream(schedule, causal):
+    q, k, v, do = make((2, 1024, 1024, 8, 4, 128), torch.bfloat16, seed=11)
+    kw = dict(softmax_scale=128 ** -0.5, causal=causal)
+    out, lse = attn_fwd.attention_forward(q, k, v, **kw)
+    first = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+    side = torch.cuda.Stream()
+    mismatches = 0
+    for i in range(N_DETERMINISM):
+        if i % 50 == 0:
+            _side_stream_matmuls(side)
+        again = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+        mismatches += sum(not torch.equal(a, b) for a, b in zip(first, again))
+    torch.cuda.synchronize()
+    print(f"[determinism] {schedule} causal={causal}: {N_DETERMINISM} passes, {mismatches} mismatching tensors")
+    assert mismatches == 0
+
+
+def test_atomic_is_not_bitwise_reproducible():
+    """Proves the bitwise check can fail: float atomics add in arrival order."""
+    q, k, v, do = make((2, 2048, 2048, 8, 8, 128), torch.bfloat16, seed=5)
+    kw = dict(softmax_scale=128 ** -0.5)
+    out, lse = attn_fwd.attention_forward(q, k, v, **kw)
+    first = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="atomic", deterministic=False, **kw)[0]
+    differing = 0
+    for _ in range(50):
+        dq = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="atomic", deterministic=False, **kw)[0]
+        differing += not torch.equal(dq, first)
+    print(f"[determinism] atomic: {differing}/50 passes differ from the first")
+    assert differing > 0
+
+
+def test_schedules_agree_with_each_other():
+    q, k, v, do = make((2, 1024, 1024, 8, 2, 128), torch.bfloat16, seed=9)
+    for causal in (True, False):
+        kw = dict(softmax_scale=128 ** -0.5, causal=causal)
+        out, lse = attn_fwd.attention_forward(q, k, v, **kw)
+        base = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="ascending", **kw)
+        for s in SCHEDULES[2:]:
+            other = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=s, **kw)
+            for a, b in zip(base, other):
+                assert rel(b, a.double().cpu()) < 1e-2
+
+
+def test_two_streams_and_cuda_graph_replay_give_plain_bits():
+    q, k, v, do = make((2, 1024, 1024, 8, 8, 128), torch.bfloat16, seed=2)
+    kw = dict(softmax_scale=128 ** -0.5, causal=True)
+    out, lse = attn_fwd.attention_forward(q, k, v, **kw)
+    for schedule in ("ascending", "shift"):
+        plain = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+        s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        torch.cuda.synchronize()
+        with torch.cuda.stream(s1):
+            r1 = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+        with torch.cuda.stream(s2):
+            r2 = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+        torch.cuda.synchronize()
+        for a, b, c in zip(plain, r1, r2):
+            assert torch.equal(a, b) and torch.equal(a, c)
+        graph = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)  # warm-up/tables
+            with torch.cuda.graph(graph):
+                captured = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+        torch.cuda.current_stream().wait_stream(s)
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            for a, b in zip(plain, captured):
+                assert torch.equal(a, b)
+
+
+def test_int64_offsets_beyond_2_pow_31_elements():
+    """q holds 2**31 elements (varlen, 2048 sequences): offsets overflow int32 if not widened."""
+    nseq, s, hq, d = 2048, 1024, 8, 128
+    t = nseq * s
+    assert t * hq * d >= 2 ** 31
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(t, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(t, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(t, 1, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    cu = torch.arange(0, t + 1, s, device="cuda", dtype=torch.int32)
+    kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s, softmax_scale=d ** -0.5,
+              causal=True)
+    out, lse = attn_fwd.attention_forward(q, k, v, **kw)
+    do = torch.randn_like(q)
+    dq, dk, dv = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="split", **kw)
+    last = slice(t - s, t)   # the last sequence lives past 2**31 elements
+    o64, lse64, g64 = ref64(q[last].unsqueeze(0), k[last].unsqueeze(0), v[last].unsqueeze(0),
+                            do[last].unsqueeze(0), softmax_scale=d ** -0.5, causal=True)
+    assert rel(out[last].unsqueeze(0), o64) < 2.5e-2
+    assert rel(dq[last].unsqueeze(0), g64[0]) < 2.5e-2
+    assert rel(dk[last].unsqueeze(0), g64[1]) < 2.5e-2
+    assert rel(dv[last].unsqueeze(0), g64[2]) < 2.5e-2
