@@ -53,24 +53,26 @@ class Target:
     point: Optional[str] = None
     higher_is_better: bool = True
     floor: float = 0.0          # denominator floor (memory: 1 MiB, so 0 bytes does not divide)
+    where: tuple = ()           # point filter: for each tuple, the key must contain one of its strings
 
     def meets(self, value: float) -> bool:
         return value >= self.goal if self.higher_is_better else value <= self.goal
 
 
-# The issue's targets. The goals are the project's proposal (the issue names the ratios, not the
-# numbers): FA3-SPT loses 17.5 % to its non-deterministic mode, so 0.85 is "at least as good";
-# Flex is today's deterministic alternative in torch, so beat it; the DASH paper's gains are
-# 1.28x (causal) and 1.22x (full), so 1.05 asks for a clear effect, well above timing noise.
+# The issue's targets, with its numbers. "min" kinds must hold at every point where both sides
+# ran (the issue says "at every point"); ``where`` narrows the points (point-key substrings, all
+# of which must match one of each tuple).
 TARGETS = (
-    Target("det backward (auto) vs SDPA cuDNN non-det backward", "bwd_tflops", ("dash-auto",), "sdpa-cudnn", 0.85),
-    Target("det backward (auto) vs FlexAttention backward", "bwd_tflops", ("dash-auto",), "flex", 1.0),
-    Target("det backward (auto) vs our atomic backward", "bwd_tflops", ("dash-auto",), "dash-atomic", 0.85),
+    Target("det backward (auto) vs SDPA cuDNN non-det backward, hdim128, S>=2k", "bwd_tflops", ("dash-auto",),
+           "sdpa-cudnn", 1.0, kind="min", where=(("hdim128-",), ("-s2048", "-s4096", "-s8192", "-s16384"))),
+    Target("det backward (auto) vs FlexAttention backward", "bwd_tflops", ("dash-auto",), "flex", 1.3, kind="min"),
+    Target("det backward (auto) vs our atomic backward", "bwd_tflops", ("dash-auto",), "dash-atomic", 0.95,
+           kind="min"),
     Target("DASH: best of descending/shift vs ascending, causal hdim128 S=16k", "bwd_tflops",
-           ("dash-descending", "dash-shift"), "dash-ascending", 1.05, kind="point", point="hdim128-causal-s16384"),
-    Target("DASH: shift vs ascending, full hdim64 S=2k", "bwd_tflops", ("dash-shift",), "dash-ascending", 1.05,
+           ("dash-descending", "dash-shift"), "dash-ascending", 1.2, kind="point", point="hdim128-causal-s16384"),
+    Target("DASH: shift vs ascending, full hdim64 S=2k", "bwd_tflops", ("dash-shift",), "dash-ascending", 1.1,
            kind="point", point="hdim64-full-s2048"),
-    Target("forward vs SDPA cuDNN forward", "fwd_tflops", ("dash-auto",), "sdpa-cudnn", 0.80),
+    Target("forward vs SDPA cuDNN forward", "fwd_tflops", ("dash-auto",), "sdpa-cudnn", 0.95, kind="min"),
     Target("extra backward memory, det (auto) vs our atomic (worst point)", "bwd_extra_bytes", ("dash-auto",),
            "dash-atomic", 1.10, kind="max", higher_is_better=False, floor=MIB),
 )
@@ -85,6 +87,7 @@ def evaluate_target(target: Target, results: dict) -> dict:
     """{title, value, goal, op, verdict: met | not met | not measured, detail}."""
     cells = index_cells(results)
     keys = [p["key"] for p in results["points"]] if target.kind != "point" else [target.point]
+    keys = [k for k in keys if all(any(part in k for part in group) for group in target.where)]
     ratios = []
     for key in keys:
         num = _best(cells, key, target.numerator, target.metric)
@@ -103,6 +106,10 @@ def evaluate_target(target: Target, results: dict) -> dict:
         row["value"] = geomean(r for r, _, _ in ratios)
         worst = min(ratios)
         row["detail"] = f"geomean of {len(ratios)} points; min {worst[0]:.2f} at {worst[1]}"
+    elif target.kind == "min":
+        worst = min(ratios)
+        row["value"] = worst[0]
+        row["detail"] = f"worst of {len(ratios)} points, at {worst[1]}"
     elif target.kind == "max":
         worst = max(ratios)
         row["value"] = worst[0]
