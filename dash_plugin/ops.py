@@ -36,6 +36,11 @@ def _backend(t: torch.Tensor):
     return None
 
 
+def kernel_path(t: torch.Tensor) -> str:
+    """Which implementation a call with input ``t`` runs: "triton" or "reference"."""
+    return "reference" if _backend(t) is None else "triton"
+
+
 def _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
             window_right, softcap, dropout_p, seed):
     return dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,

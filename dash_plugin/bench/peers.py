@@ -110,7 +110,7 @@ def _dash_call_info(q: torch.Tensor) -> dict:
         pass
     try:
         from dash_plugin import ops
-        info["kernel"] = "reference" if ops._backend(q) is None else "triton"
+        info["kernel"] = ops.kernel_path(q)
     except Exception:
         pass
     return info
