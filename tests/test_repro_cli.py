@@ -96,3 +96,17 @@ def test_demo_gpu_branch_reports_all_three_pairs(tmp_path, capsys, monkeypatch):
     assert ("atomic schedule (the check can fail): DIFFERENT: first difference at step 1: grads (in backward "
             "order) of 1 tensors in layer 3: model.layers.3.self_attn.q_proj.weight (layer 3)") in out
     assert out.rstrip().endswith("DEMO PASSED: deterministic runs are bit-identical")
+
+
+def test_failed_run_stops_the_other_parallel_run(tmp_path, capsys):
+    # Run 1 fails at once; run 2 (same script, run in parallel) would sleep: it must be killed, not waited for.
+    import time
+
+    script = tmp_path / "t.py"
+    script.write_text("import sys, time\n"
+                      "if sys.argv[-1].endswith('run1'): sys.exit(3)\n"
+                      "time.sleep(60)\n")
+    t0 = time.monotonic()
+    rc = main(["run", "--parallel", "--out", str(tmp_path / "runs"), "--script", str(script)])
+    assert rc == 2 and time.monotonic() - t0 < 20
+    assert "failed (exit 3)" in capsys.readouterr().err

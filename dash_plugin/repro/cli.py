@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -76,7 +77,7 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
     """
     from tqdm import tqdm
 
-    if "--out" in train_args:
+    if any(a == "--out" or a.startswith("--out=") for a in train_args):
         raise RunFailed("do not pass --out to the training: dash-repro chooses one directory per run")
     total = _steps_in(train_args)
     env = dict(os.environ)
@@ -89,12 +90,16 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
             while pending and (parallel or not running):
                 i, d = pending.pop(0)
                 d.mkdir(parents=True, exist_ok=True)
-                (d / "steps.jsonl").unlink(missing_ok=True)
+                for stale in ("steps.jsonl", "meta.json", "final.json", "model.safetensors"):
+                    (d / stale).unlink(missing_ok=True)  # a failed rerun must not leave old results
                 log = open(d / "train.log", "w")
                 cmd = build_command(script, train_args, d, launch)
                 log.write("$ " + " ".join(cmd) + "\n")
                 log.flush()
-                running.append((i, d, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+                # Own process group: a launcher's workers (accelerate launch) can be stopped with it.
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+                running.append((i, d, proc, log))
                 bars[i] = tqdm(total=total, desc=f"{desc}{d.name}", unit="step", position=i, leave=True,
                                dynamic_ncols=True, mininterval=0.5)
             time.sleep(0.2)
@@ -111,8 +116,11 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
                         raise RunFailed(f"training run {d} failed (exit {proc.returncode}); "
                                         f"end of {d / 'train.log'}:\n{tail}")
     finally:
-        for _, _, proc, log in running:  # only our own children, on an error or Ctrl-C
-            proc.kill()
+        for _, _, proc, log in running:  # only our own children's groups, on an error or Ctrl-C
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait()
             log.close()
         for b in bars.values():
