@@ -25,6 +25,7 @@ at once when the device holds that many programs (checked at launch); the interp
 run cyclic waits, so there the kernel skips waiting (NO_WAIT) and only correctness is tested.
 """
 import heapq
+import warnings
 
 import torch
 import triton
@@ -354,6 +355,15 @@ def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
         return hit
     t = kernel_tables(schedule, seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
                       causal=causal, window_left=wl, window_right=wr)
+    if not interpreting() and any(str(v).startswith("shift-symmetric") for v in t.variants):
+        # Known defect (docs/benchmarks/kernels-first-figures.md): the two-segment causal shift
+        # stalls on the GPU (H200, Triton 3.6) although its tables complete in a CPU simulation
+        # with every worker resident. Until that is found, run the descending tables: still
+        # deterministic (bits are a function of the shape), but not the shift order.
+        warnings.warn("schedule='shift' with a causal mask runs the 'descending' order on the GPU for now "
+                      "(the symmetric causal shift stalls in this build)", RuntimeWarning, stacklevel=3)
+        t = kernel_tables("descending", seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
+                          causal=causal, window_left=wl, window_right=wr)
     nb, w_max = t.seg_kv.shape[0], t.seg_kv.shape[1]
     perm = torch.zeros((nb, max(w_max, 1)), dtype=torch.int32)
     for b in range(nb):

@@ -1,0 +1,151 @@
+"""The Triton kernels on the CPU under TRITON_INTERPRET=1, against the float64 reference.
+
+The interpreter runs programs one after another (grid axis 0 outermost), so ordered schedules
+wait only on earlier programs: ascending, descending and spt run with their waits (the host
+launches each dQ tile's contributors in rank order); the cyclic shift runs with waits skipped
+(NO_WAIT), which checks its visit lists and arithmetic but not its waiting. bf16 `tl.dot` is
+wrong in the interpreter, so fp32 and fp16 only. Shapes are tiny (tiles are 32x16 forward,
+16x32 backward here, so they still span several tiles).
+"""
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+if os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - the env was set to something else
+    pytest.skip("needs TRITON_INTERPRET=1 before triton code is imported", allow_module_level=True)
+try:
+    from dash_plugin.kernels import attn_bwd, attn_fwd, reference
+except Exception as e:  # pragma: no cover - e.g. triton imported earlier without the interpreter
+    pytest.skip(f"Triton kernels unavailable under the interpreter: {e}", allow_module_level=True)
+
+if not getattr(attn_fwd._fwd_kernel, "__class__", type).__name__.startswith("Interpreted"):
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+
+SCHEDULES = ("atomic", "ascending", "spt", "descending", "shift", "split")
+
+# name -> ((B, Sq, Sk, Hq, Hkv, D), keywords, schedules to run)
+CASES = {
+    "full_gqa_d48": ((2, 40, 56, 4, 2, 48), {}, ("atomic", "ascending", "split")),
+    "causal": ((1, 64, 64, 2, 1, 32), {"causal": True}, SCHEDULES),
+    "causal_sq_gt_sk": ((1, 70, 40, 2, 2, 32), {"causal": True}, ("ascending", "spt", "split")),
+    "causal_sq_lt_sk": ((1, 40, 70, 2, 2, 32), {"causal": True}, ("descending", "atomic")),
+    "window": ((1, 64, 64, 2, 1, 32), {"window_left": 9, "window_right": 4}, ("ascending", "descending", "split")),
+    "softcap_mqa": ((1, 48, 48, 4, 1, 64), {"causal": True, "softcap": 3.0}, ("spt", "split")),
+    "dropout": ((1, 48, 48, 2, 2, 32), {"causal": True, "dropout_p": 0.25, "seed": 2024}, ("ascending", "split")),
+    "full_shift_cyclic": ((1, 96, 96, 1, 1, 32), {}, ("shift",)),
+}
+
+
+def _inputs(shape, dtype, seed=0):
+    b, sq, sk, hq, hkv, d = shape
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    k = torch.randn(b, sk, hkv, d, generator=g).to(dtype)
+    v = torch.randn(b, sk, hkv, d, generator=g).to(dtype)
+    do = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    return q, k, v, do
+
+
+def _rel(a, b):
+    assert torch.isfinite(a).all(), "NaN/inf in kernel output"
+    return ((a.double() - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+TOL = {torch.float32: 1e-5, torch.float16: 4e-3}
+
+
+def _check(q, k, v, do, kw, schedules, dtype):
+    out, lse = attn_fwd.attention_forward(q, k, v, **kw)
+    d64 = [t.double() for t in (q, k, v, do)]
+    o64, lse64 = reference.attention_forward(*d64[:3], **kw)
+    assert _rel(out, o64) < TOL[dtype]
+    fin = torch.isfinite(lse64)
+    assert torch.equal(torch.isinf(lse), ~fin), "rows without visible keys must give lse=+inf"
+    assert (lse.double()[fin] - lse64[fin]).abs().max() < 1e-4
+    assert torch.all(out[~fin.transpose(-1, -2)] == 0) if not fin.all() else True
+    g64 = reference.attention_backward(d64[3], *d64[:3], o64, lse64, **kw)
+    for schedule in schedules:
+        grads = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule,
+                                            deterministic=schedule != "atomic", **kw)
+        for name, a, b in zip(("dq", "dk", "dv"), grads, g64):
+            assert a.dtype == q.dtype and a.shape == b.shape
+            assert _rel(a, b) < TOL[dtype], f"{schedule} {name}: {_rel(a, b):.2e}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_backward_match_reference_fp32(case):
+    shape, kw, schedules = CASES[case]
+    q, k, v, do = _inputs(shape, torch.float32)
+    _check(q, k, v, do, dict(kw, softmax_scale=shape[-1] ** -0.5), schedules, torch.float32)
+
+
+def test_fp16_causal_gqa_all_features_at_once():
+    shape = (1, 48, 64, 4, 2, 48)
+    kw = dict(causal=True, softcap=4.0, dropout_p=0.1, seed=7, softmax_scale=0.2)
+    q, k, v, do = _inputs(shape, torch.float16, seed=1)
+    _check(q, k, v, do, kw, ("ascending", "atomic"), torch.float16)
+
+
+def test_varlen_matches_reference_including_empty_sequences():
+    lens_q, lens_k = [20, 0, 37, 5], [33, 9, 37, 0]
+    hq, hkv, d = 2, 1, 32
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(sum(lens_q), hq, d, generator=g)
+    k = torch.randn(sum(lens_k), hkv, d, generator=g)
+    v = torch.randn(sum(lens_k), hkv, d, generator=g)
+    do = torch.randn_like(q)
+    cu = lambda ls: torch.tensor([0] + torch.tensor(ls).cumsum(0).tolist(), dtype=torch.int32)  # noqa: E731
+    kw = dict(cu_seqlens_q=cu(lens_q), cu_seqlens_k=cu(lens_k), max_seqlen_q=max(lens_q),
+              max_seqlen_k=max(lens_k), softmax_scale=d ** -0.5, causal=True, dropout_p=0.2, seed=3)
+    _check(q, k, v, do, kw, ("ascending", "split"), torch.float32)
+
+
+def test_dropout_mask_is_the_reference_mask():
+    """Same seed gives the reference's output; another seed gives a different one."""
+    shape = (1, 32, 32, 1, 1, 32)
+    q, k, v, _ = _inputs(shape, torch.float32)
+    kw = dict(softmax_scale=0.3, dropout_p=0.5, seed=11)
+    out, _ = attn_fwd.attention_forward(q, k, v, **kw)
+    ref, _ = reference.attention_forward(q.double(), k.double(), v.double(), **kw)
+    assert _rel(out, ref) < 1e-5
+    other, _ = attn_fwd.attention_forward(q, k, v, **dict(kw, seed=12))
+    assert _rel(other, ref) > 1e-2
+
+
+def test_ordered_schedules_give_identical_bits_in_the_interpreter_runs():
+    """Sequential execution: an ordered schedule's dQ is a fixed sum; two calls agree bit for bit."""
+    q, k, v, do = _inputs((1, 64, 64, 2, 1, 32), torch.float32)
+    kw = dict(softmax_scale=0.17, causal=True)
+    out, lse = attn_fwd.attention_forward(q, k, v, **kw)
+    a = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="descending", **kw)
+    b = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="descending", **kw)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_launch_order_puts_contributors_in_rank_order():
+    # tile 0: worker 2 (rank 0) then worker 0 (rank 1); tile 1: worker 1 (rank 0) then worker 2 (rank 1)
+    q_tile = torch.tensor([[0], [1], [0]])
+    rank = torch.tensor([[1], [0], [0]])
+    order = attn_bwd.launch_order(3, q_tile, rank)
+    assert order.index(2) < order.index(0)
+    q_tile = torch.tensor([[0, 1], [1, 0]])
+    rank = torch.tensor([[0, 1], [0, 1]])   # cyclic: 0 waits on 1 for tile 1, 1 on 0 for tile 0
+    assert sorted(attn_bwd.launch_order(2, q_tile, rank)) == [0, 1]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(schedule="auto"), "schedule='auto'"),
+    (dict(schedule="ascending", deterministic=False), "deterministic=False"),
+    (dict(softcap=-1.0), "softcap=-1.0"),
+    (dict(dropout_p=1.0), "dropout_p=1.0"),
+    (dict(causal=True, window_right=3), "window_right=3"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    q, k, v, do = _inputs((1, 16, 16, 1, 1, 32), torch.float32)
+    base = dict(softmax_scale=0.2)
+    with pytest.raises(ValueError, match=match):
+        attn_bwd.attention_backward(do, q, k, v, q, torch.zeros(1, 1, 16), **dict(base, **kwargs))
