@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from . import tile_config
-from ._triton_common import (LOG2E, as4d, col_range, dropout_keep, interpreting, problem, seq_bounds,
+from ._triton_common import (LOG2E, col_range, dropout_keep, interpreting, problem, seq_bounds,
                              stats_strides, strides4, tanh, visible)
 from .philox import dropout_threshold
 
