@@ -36,10 +36,14 @@ _FWD_SM90 = {
     128: FwdConfig(128, 64, 8, 3),
     256: FwdConfig(64, 64, 8, 2),
 }
+# Rows chosen by scripts/gpu_tune_bwd.py on an H200 (docs/benchmarks/tune-bwd-h200.json): 64x64
+# tiles at 4 warps beat 64x128 at 8 warps by 1.4x (hdim 128: causal descending 117 -> 168,
+# full atomic 147 -> 209, full shift 138 -> 155 TFLOP/s; hdim 64 full shift 158 -> 204), because
+# the 128-row fp32 dK/dV accumulators no longer spill.
 _BWD_SM90 = {
-    32: BwdConfig(64, 128, 8, 2),
-    64: BwdConfig(64, 128, 8, 2),
-    128: BwdConfig(64, 128, 8, 2),
+    32: BwdConfig(64, 64, 4, 3),
+    64: BwdConfig(64, 64, 4, 3),
+    128: BwdConfig(64, 64, 4, 3),
     256: BwdConfig(32, 64, 8, 1),
 }
 

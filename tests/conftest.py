@@ -1,5 +1,13 @@
-import pytest
+import os
+
 import torch
+
+# Without CUDA the Triton kernels run under the interpreter; the variable must be set before
+# anything imports triton, so it is set here, before any test module is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):

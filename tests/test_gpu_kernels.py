@@ -52,7 +52,8 @@ def make(shape, dtype, seed=0):
 
 def ref64(q, k, v, do, **kw):
     c = lambda t: t.detach().double().cpu() if t is not None else None  # noqa: E731
-    kw = {n: (c(x) if torch.is_tensor(x) else x) for n, x in kw.items()}
+    # Values go to float64 on the CPU; cu_seqlens stay int32 (they are indices).
+    kw = {n: (x.cpu() if n.startswith("cu_seqlens") else c(x)) if torch.is_tensor(x) else x for n, x in kw.items()}
     o, lse = reference.attention_forward(c(q), c(k), c(v), **kw)
     grads = reference.attention_backward(c(do), c(q), c(k), c(v), o, lse, **kw)
     return o, lse, grads
