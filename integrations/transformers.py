@@ -192,6 +192,17 @@ def _flash_attention(q, k, v, **kwargs):
     return flash_attention(q, k, v, **kwargs)
 
 
+def _compute_dtype(query, key, value):
+    """One dtype for q, k, v. Under autocast, models hand over mixed dtypes (rotary embeddings
+    return fp32 q/k beside a bf16 v): use autocast's dtype, as SDPA's autocast cast would."""
+    device = query.device.type
+    if device in ("cuda", "cpu") and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    dtypes = (query.dtype, key.dtype, value.dtype)
+    half = [d for d in dtypes if d in (torch.float16, torch.bfloat16)]
+    return half[0] if half and len(set(dtypes)) > 1 else query.dtype
+
+
 def dash_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                            sliding_window=None, softcap=None, is_causal=None, **kwargs):
     """transformers attention function for ``attn_implementation="dash"``.
@@ -202,9 +213,10 @@ def dash_attention_forward(module, query, key, value, attention_mask, dropout=0.
     """
     _reject_unsupported(attention_mask, kwargs)
     batch, _, q_len, head_dim = query.shape
-    q = query.transpose(1, 2)
-    k = key.transpose(1, 2)
-    v = value.transpose(1, 2)
+    dtype = _compute_dtype(query, key, value)
+    q = query.transpose(1, 2).to(dtype)
+    k = key.transpose(1, 2).to(dtype)
+    v = value.transpose(1, 2).to(dtype)
 
     # The kernels need one head dim for q, k and v; a narrower value head (e.g. MLA) is zero-padded and
     # the padded output columns are cut again below.

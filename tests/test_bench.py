@@ -231,9 +231,10 @@ def test_auto_table_from_synthetic_results(tmp_path):
     assert table["format"] == "dash-auto-table/1" and table["source"]["gpu"] == "NVIDIA H200"
     summary = [(r["head_dim"], r["mask"], r["seqlen_min"], r["seqlen_max"], r["schedule"]) for r in table["rules"]]
     # hdim64 full: shift wins at 2k (360) and at 8k (430 vs ascending 420): one merged rule
-    # hdim128 causal: descending (480) wins at its only measured seqlen; split is never a candidate
+    # hdim128 causal: descending (480) wins at its only measured seqlen (split, 300, is a candidate too)
     assert summary == [(128, "causal", 0, None, "descending"), (64, "full", 0, None, "shift")]
-    assert table["rules"][1]["measured"]["8192"] == {"ascending": 420.0, "descending": 400.0, "shift": 430.0}
+    assert table["rules"][1]["measured"]["8192"] == {"ascending": 420.0, "descending": 400.0, "shift": 430.0,
+                                                     "split": 250.0}
     # ascending wins at 8k once shift is slower there: two rules split at sqrt(2048 * 8192) = 4096
     for c in res["cells"]:
         if c["impl"] == "dash-shift" and c["point"] == "hdim64-full-s8192":

@@ -459,3 +459,20 @@ def test_config_switch_sees_call_kwargs_and_model_config(tmp_path):
     assert from_model.deterministic and from_model.deterministic_source == "model config dash_attention"
     assert (from_call.schedule, from_call.schedule_source) == ("shift", "call argument")
     assert from_call.deterministic_source == "call argument"
+
+
+def test_mixed_dtypes_under_autocast_are_unified(saved):
+    """Under autocast, rotary embeddings hand over fp32 q/k beside a bf16 v: the function must use one
+    dtype (autocast's), as SDPA does, and training under autocast must run."""
+    from dash_plugin.integrations.transformers import _compute_dtype
+    q32, v16 = torch.zeros(1, 1, 1, 32), torch.zeros(1, 1, 1, 32, dtype=torch.bfloat16)
+    assert _compute_dtype(q32, q32, v16) == torch.bfloat16
+    assert _compute_dtype(q32, q32, q32) == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _compute_dtype(q32, q32, q32) == torch.bfloat16
+    model = load(saved["llama"], "dash").train()
+    ids, mask = pad_batch(tokens([12, 7]), "right")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -36,10 +36,7 @@ from typing import Optional
 from .report import index_cells, ok_value
 
 FORMAT = "dash-auto-table/1"
-try:  # the schedules auto may return (split is no ordered schedule: auto never picks it)
-    from dash_plugin.schedules.builders import ORDERED_SCHEDULES as CANDIDATES
-except Exception:  # pragma: no cover - the schedule model is part of the package
-    CANDIDATES = ("ascending", "spt", "descending", "shift")
+from dash_plugin.config import DETERMINISTIC_SCHEDULES as CANDIDATES  # what auto may return
 STRUCTURAL_KEYS = ("equal_lengths", "varlen")   # shapes the benchmark does not measure
 
 

@@ -207,6 +207,9 @@ def _raise_recompile_limits(limit: int = 256) -> None:
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
     _raise_recompile_limits()
+    # The protocol times backward with retain_graph=True, which compiled graphs with donated buffers refuse.
+    import torch._functorch.config as functorch_config
+    functorch_config.donated_buffer = False
     # No max-autotune: the protocol (and torchtitan's deterministic mode) use the default configs.
     return torch.compile(flex_attention, dynamic=False)
 

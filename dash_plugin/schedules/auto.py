@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from . import auto_table
-from .builders import ORDERED_SCHEDULES
+from ..config import DETERMINISTIC_SCHEDULES
 
 _KEYS = {"mask", "head_dim_max", "seqlen_max", "equal_lengths", "varlen", "schedule", "source"}
 
@@ -23,9 +23,9 @@ def load_rules() -> tuple[dict, ...]:
             raise ValueError(f"auto_table.py rule {k}: unknown keys {sorted(unknown)}")
         if rule.get("mask") not in ("full", "causal", "window"):
             raise ValueError(f"auto_table.py rule {k}: mask must be full, causal or window")
-        if rule.get("schedule") not in ORDERED_SCHEDULES:
+        if rule.get("schedule") not in DETERMINISTIC_SCHEDULES:
             raise ValueError(f"auto_table.py rule {k}: schedule must be one of "
-                             f"{', '.join(ORDERED_SCHEDULES)}, got {rule.get('schedule')!r}")
+                             f"{', '.join(DETERMINISTIC_SCHEDULES)}, got {rule.get('schedule')!r}")
     if not any(set(r) <= {"mask", "schedule", "source"} for r in rules if r["mask"] == "full") or \
             not any(set(r) <= {"mask", "schedule", "source"} for r in rules if r["mask"] == "causal"):
         raise ValueError("auto_table.py needs a catch-all rule for full and for causal masks")
@@ -44,7 +44,7 @@ def mask_kind(causal: bool, window_left: int, window_right: int) -> str:
 
 def choose_schedule(*, causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int,
                     window_left: int = -1, window_right: int = -1, varlen: bool = False) -> str:
-    """A concrete deterministic schedule (ascending, spt, descending or shift) for this shape."""
+    """A concrete deterministic schedule (ascending, spt, descending, shift or split) for this shape."""
     for name, v, least in (("head_dim", head_dim, 1), ("seqlen_q", seqlen_q, 0),
                            ("seqlen_k", seqlen_k, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < least:
