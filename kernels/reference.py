@@ -83,40 +83,52 @@ class _Block:
         return probs if self.scale_drop is None else probs * self.scale_drop
 
 
-def _params(softmax_scale, window_left, window_right, softcap, dropout_p, seed):
-    return dict(softmax_scale=float(softmax_scale), window_left=int(window_left), window_right=int(window_right),
-                softcap=float(softcap), dropout_p=float(dropout_p), seed=int(seed))
+class _Problem:
+    """What the forward and backward share: parameters, dtypes, head counts, and the sequences."""
 
+    def __init__(self, q, k, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
+                 softcap, dropout_p, seed):
+        self.varlen = cu_seqlens_q is not None
+        self.p = dict(softmax_scale=float(softmax_scale), window_left=int(window_left),
+                      window_right=0 if causal else int(window_right), softcap=float(softcap),
+                      dropout_p=float(dropout_p), seed=int(seed))
+        self.ctype = _compute_dtype(q.dtype)
+        self.hq, self.hkv, self.d = q.shape[-2], k.shape[-2], q.shape[-1]
+        self.g = self.hq // self.hkv
+        self._cu = (cu_seqlens_q, cu_seqlens_k)
+        self._q, self._k = q, k
 
-def _window(causal, window_left, window_right):
-    return window_left, (0 if causal else window_right)
+    def sequences(self, k, v):
+        """Per sequence: (b, q-slice, k-slice, k and v as (Hkv, S_k, D) in the compute dtype)."""
+        for b, sq_sl, sk_sl in _sequences(self._q, self._k, *self._cu):
+            ks = _pick(k, b, sk_sl, self.varlen).to(self.ctype).transpose(0, 1)
+            vs = _pick(v, b, sk_sl, self.varlen).to(self.ctype).transpose(0, 1)
+            yield b, sq_sl, sk_sl, ks, vs
+
+    def lse_rows(self, lse, b, sq_sl):
+        return lse[:, sq_sl] if self.varlen else lse[b]
 
 
 def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                       softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
                       dropout_p=0.0, seed=0, block_q=BLOCK_Q):
     """Returns (out, lse); layouts as in docs/INTERNALS.md."""
-    varlen = cu_seqlens_q is not None
-    window_left, window_right = _window(causal, window_left, window_right)
-    p = _params(softmax_scale, window_left, window_right, softcap, dropout_p, seed)
-    ctype = _compute_dtype(q.dtype)
-    hq, hkv, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    g = hq // hkv
+    pr = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
+                  dropout_p, seed)
+    hq, hkv, g, d = pr.hq, pr.hkv, pr.g, pr.d
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((hq, q.shape[0]) if varlen else (q.shape[0], hq, q.shape[1]), dtype=torch.float32,
+    lse = torch.empty((hq, q.shape[0]) if pr.varlen else (q.shape[0], hq, q.shape[1]), dtype=torch.float32,
                       device=q.device)
-    for b, sq_sl, sk_sl in _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
-        qs = _pick(q, b, sq_sl, varlen)
-        ks = _pick(k, b, sk_sl, varlen).to(ctype).transpose(0, 1)  # (Hkv, S_k, D)
-        vs = _pick(v, b, sk_sl, varlen).to(ctype).transpose(0, 1)
+    for b, sq_sl, _, ks, vs in pr.sequences(k, v):
+        qs = _pick(q, b, sq_sl, pr.varlen)
         seqlen_q, seqlen_k = qs.shape[0], ks.shape[1]
-        out_s = _pick(out, b, sq_sl, varlen)
-        lse_s = lse[:, sq_sl] if varlen else lse[b]
+        out_s = _pick(out, b, sq_sl, pr.varlen)
+        lse_s = pr.lse_rows(lse, b, sq_sl)
         for r0 in range(0, seqlen_q, block_q):
             r1 = min(r0 + block_q, seqlen_q)
             rows = torch.arange(r0, r1, device=q.device)
-            qb = qs[r0:r1].to(ctype).permute(1, 0, 2).reshape(hkv, g, r1 - r0, d)
-            blk = _Block(qb, ks, rows, seqlen_q, seqlen_k, b, p)
+            qb = qs[r0:r1].to(pr.ctype).permute(1, 0, 2).reshape(hkv, g, r1 - r0, d)
+            blk = _Block(qb, ks, rows, seqlen_q, seqlen_k, b, pr.p)
             lse_b = blk.log_sum_exp()
             o = torch.einsum("hgrs,hsd->hgrd", blk.dropped(blk.probabilities(lse_b)), vs)
             out_s[r0:r1] = o.reshape(hq, r1 - r0, d).transpose(0, 1).to(q.dtype)
@@ -130,22 +142,17 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
                        block_q=BLOCK_Q):
     """Returns (dq, dk, dv). ``schedule``/``deterministic`` are accepted for signature parity and ignored:
     the reference sums in one fixed order and is always deterministic."""
-    varlen = cu_seqlens_q is not None
-    window_left, window_right = _window(causal, window_left, window_right)
-    p = _params(softmax_scale, window_left, window_right, softcap, dropout_p, seed)
-    ctype = _compute_dtype(q.dtype)
-    hq, hkv, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    g = hq // hkv
+    pr = _Problem(q, k, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right, softcap,
+                  dropout_p, seed)
+    hq, hkv, g, d, ctype, p, varlen = pr.hq, pr.hkv, pr.g, pr.d, pr.ctype, pr.p, pr.varlen
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    for b, sq_sl, sk_sl in _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
+    for b, sq_sl, sk_sl, ks, vs in pr.sequences(k, v):
         qs = _pick(q, b, sq_sl, varlen)
-        ks = _pick(k, b, sk_sl, varlen).to(ctype).transpose(0, 1)
-        vs = _pick(v, b, sk_sl, varlen).to(ctype).transpose(0, 1)
         dos = _pick(dout, b, sq_sl, varlen)
         os_ = _pick(out, b, sq_sl, varlen)
-        lse_s = (lse[:, sq_sl] if varlen else lse[b]).to(ctype)
+        lse_s = pr.lse_rows(lse, b, sq_sl).to(ctype)
         seqlen_q, seqlen_k = qs.shape[0], ks.shape[1]
         dk_acc = torch.zeros_like(ks)
         dv_acc = torch.zeros_like(vs)

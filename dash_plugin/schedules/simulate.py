@@ -123,21 +123,15 @@ def simulate(schedule: Schedule, *, num_heads: int = 1, num_kv_heads: int | None
     next_unit = 0
     static_queues = [list(range(s, len(units), n_sm)) for s in range(n_sm)]
 
-    def start_reduce(u, i, t):
+    def start(kind, u, i, t):
+        """Start the compute ("c") or reduction ("r") node of step i of unit u at time t."""
         nonlocal busy
-        push(t + r, "r", u, i)
-        busy += r
+        cost = c if kind == "c" else r
+        push(t + cost, kind, u, i)
+        busy += cost
         if record:
             hq, kv, q, _rank, _red = units[u][1][i]
-            blocks.append(Block(unit_sm[u], t, t + r, "r", u, hq, q, kv))
-
-    def start_compute(u, i, t):
-        nonlocal busy
-        push(t + c, "c", u, i)
-        busy += c
-        if record:
-            hq, kv, q, _rank, _red = units[u][1][i]
-            blocks.append(Block(unit_sm[u], t, t + c, "c", u, hq, q, kv))
+            blocks.append(Block(unit_sm[u], t, t + cost, kind, u, hq, q, kv))
 
     def start_unit_on(sm, t):
         nonlocal next_unit, makespan
@@ -153,7 +147,7 @@ def simulate(schedule: Schedule, *, num_heads: int = 1, num_kv_heads: int | None
                 u = static_queues[sm].pop(0)
             unit_sm[u] = sm
             if units[u][1]:
-                start_compute(u, 0, t)
+                start("c", u, 0, t)
                 return
             done[u] = True  # a worker with no steps ends at once
             makespan = max(makespan, t)
@@ -161,7 +155,7 @@ def simulate(schedule: Schedule, *, num_heads: int = 1, num_kv_heads: int | None
     def advance(u, i, t):
         nonlocal makespan
         if i + 1 < len(units[u][1]):
-            start_compute(u, i + 1, t)
+            start("c", u, i + 1, t)
         else:
             done[u] = True
             makespan = max(makespan, t)
@@ -177,11 +171,11 @@ def simulate(schedule: Schedule, *, num_heads: int = 1, num_kv_heads: int | None
             if not red:
                 advance(u, i, t)
             elif not ordered:
-                start_reduce(u, i, t)
+                start("r", u, i, t)
             else:
                 key = (b, hq, q)
                 if sem.get(key, 0) == rank:
-                    start_reduce(u, i, t)
+                    start("r", u, i, t)
                 else:
                     waiting[(key, rank)] = (u, i, t)
         else:  # a reduction finished
@@ -191,7 +185,7 @@ def simulate(schedule: Schedule, *, num_heads: int = 1, num_kv_heads: int | None
                 w = waiting.pop((key, sem[key]), None)
                 if w is not None:
                     wait += t - w[2]
-                    start_reduce(w[0], w[1], t)
+                    start("r", w[0], w[1], t)
             advance(u, i, t)
     if not all(done):
         stuck = [k for k, d in enumerate(done) if not d]
