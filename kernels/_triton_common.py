@@ -124,16 +124,18 @@ def seq_bounds(cu_ptr, b, seqlen_dense, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def visible(rows, cols, seqlen_q, seqlen_k, window_left, window_right,
+def visible(r, c, seqlen_q, seqlen_k, window_left, window_right,
             HAS_WL: tl.constexpr, HAS_WR: tl.constexpr):
     """Mask of docs/INTERNALS.md: bottom-right aligned window, inside both sequences.
-    The window sizes are runtime values (no recompile per size); HAS_* say whether they apply."""
+    ``r`` and ``c`` are row and column indices already shaped to broadcast ([M, 1] and [1, N] for
+    an S tile, [1, M] and [N, 1] for an S^T tile). The window sizes are runtime values (no
+    recompile per size); HAS_* say whether they apply."""
     shift = seqlen_k - seqlen_q
-    ok = (rows[:, None] < seqlen_q) & (cols[None, :] < seqlen_k)
+    ok = (r < seqlen_q) & (c < seqlen_k)
     if HAS_WL:
-        ok = ok & (cols[None, :] >= rows[:, None] + shift - window_left)
+        ok = ok & (c >= r + shift - window_left)
     if HAS_WR:
-        ok = ok & (cols[None, :] <= rows[:, None] + shift + window_right)
+        ok = ok & (c <= r + shift + window_right)
     return ok
 
 
@@ -146,11 +148,12 @@ def tanh(x):
 
 
 @triton.jit
-def dropout_keep(seed, rows, cols, head, batch, threshold):
-    """keep iff (philox(seed, col, row, head, batch)[0] >> 8) >= threshold (uint32 counters)."""
-    zero = tl.zeros([rows.shape[0], cols.shape[0]], dtype=tl.int32)
-    c0 = zero + cols[None, :]
-    c1 = zero + rows[:, None]
+def dropout_keep(seed, r, c, head, batch, threshold):
+    """keep iff (philox(seed, col, row, head, batch)[0] >> 8) >= threshold (uint32 counters).
+    ``r``/``c`` broadcast like in `visible`, so S and S^T tiles draw the same bits per (row, col)."""
+    zero = r * 0 + c * 0
+    c0 = zero + c
+    c1 = zero + r
     c2 = zero + head
     c3 = zero + batch
     w0, _, _, _ = tl.philox(seed, c0, c1, c2, c3)
@@ -186,3 +189,53 @@ def row_range(n_start, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N: t
         last_col = tl.minimum(n_start + BLOCK_N, seqlen_k) - 1
         hi = tl.minimum(hi, last_col - shift + window_left + 1)
     return lo, hi
+
+
+@triton.jit
+def interior_cols(m_start, lo, hi, seqlen_q, seqlen_k, window_left, window_right,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr):
+    """Split the column walk [lo, hi) of Q tile m_start (lo a multiple of BLOCK_N) into
+    [lo, a) masked, [a, b) interior, [b, hi) masked, where every interior KV tile is whole
+    (inside seqlen_k) and visible from every row of the Q tile, so it needs no mask at all.
+    a and b are multiples of BLOCK_N or equal hi; walking the three parts in turn visits the
+    same tiles in the same order as walking [lo, hi)."""
+    shift = seqlen_k - seqlen_q
+    full_lo = lo
+    full_hi = seqlen_k // BLOCK_N * BLOCK_N
+    if HAS_WL:
+        # the last row of the tile sees columns >= m_start + BLOCK_M - 1 + shift - window_left
+        need = tl.maximum(m_start + BLOCK_M - 1 + shift - window_left, 0)
+        full_lo = tl.maximum(full_lo, tl.cdiv(need, BLOCK_N) * BLOCK_N)
+    if HAS_WR:
+        # the first row of the tile sees columns <= m_start + shift + window_right
+        top = tl.maximum(m_start + shift + window_right + 1, 0)
+        full_hi = tl.minimum(full_hi, top // BLOCK_N * BLOCK_N)
+    if m_start + BLOCK_M > seqlen_q:   # ragged last Q tile: its load needs the row mask
+        full_hi = full_lo
+    a = tl.minimum(full_lo, hi)
+    b = tl.minimum(tl.maximum(full_hi, a), hi)
+    return a, b
+
+
+@triton.jit
+def interior_rows(n_start, lo, hi, seqlen_q, seqlen_k, window_left, window_right,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr):
+    """The KV-side twin of `interior_cols`: split the row walk [lo, hi) of KV tile n_start (lo a
+    multiple of BLOCK_M) into masked, interior (whole Q tiles, every row sees every column of
+    the KV tile), masked."""
+    shift = seqlen_k - seqlen_q
+    full_lo = lo
+    full_hi = seqlen_q // BLOCK_M * BLOCK_M
+    if HAS_WR:
+        # the tile's first row must see its last column: m >= n_start + BLOCK_N - 1 - shift - window_right
+        need = tl.maximum(n_start + BLOCK_N - 1 - shift - window_right, 0)
+        full_lo = tl.maximum(full_lo, tl.cdiv(need, BLOCK_M) * BLOCK_M)
+    if HAS_WL:
+        # the tile's last row must see its first column: m + BLOCK_M - 1 <= n_start + window_left - shift
+        top = tl.maximum(n_start + window_left - shift + 1, 0)
+        full_hi = tl.minimum(full_hi, top // BLOCK_M * BLOCK_M)
+    if n_start + BLOCK_N > seqlen_k:   # ragged last KV tile: every step needs the column mask
+        full_hi = full_lo
+    a = tl.minimum(full_lo, hi)
+    b = tl.minimum(tl.maximum(full_hi, a), hi)
+    return a, b

@@ -25,6 +25,7 @@ at once when the device holds that many programs (checked at launch); the interp
 run cyclic waits, so there the kernel skips waiting (NO_WAIT) and only correctness is tested.
 """
 import heapq
+import os
 import warnings
 
 import torch
@@ -32,8 +33,8 @@ import triton
 import triton.language as tl
 
 from . import tile_config
-from ._triton_common import (LOG2E, interpreting, problem, row_range, seq_bounds, stats_strides, strides4,
-                             tanh, visible, col_range, dropout_keep)
+from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interior_rows, interpreting, problem,
+                             row_range, seq_bounds, stats_strides, strides4, tanh, visible)
 from .attn_fwd import _check_common, mask_params
 from .philox import dropout_threshold
 
@@ -70,68 +71,115 @@ def _bwd_preprocess(O, DO, DELTA, CU_Q, seqlen_q_dense, head_dim,
 # ---------------------------------------------------------------- shared recompute
 
 @triton.jit
-def _recompute(q, k, do, v, lse, delta, rows, cols, h, b, seqlen_q, seqlen_k, window_left, window_right,
+def _recompute(qk, dp, lse, delta, r, c, h, b, seqlen_q, seqlen_k, window_left, window_right,
                scale_log2, softcap, seed, drop_threshold, inv_keep,
-               HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr):
-    """P (dropped and rescaled, for dV) and dS (w.r.t. the scaled, uncapped score) of one tile."""
-    qk = tl.dot(q, tl.trans(k))
+               MASKED: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
+               SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr):
+    """P (dropped and rescaled, for dV) and dS (w.r.t. the scaled, uncapped score) of one tile,
+    from the products qk = Q K^T and dp = dO V^T. The KV kernel works on transposed tiles (S^T:
+    rows along axis 1) and the dQ kernel on plain ones: ``r``, ``c``, ``lse``, ``delta`` come
+    shaped to broadcast either way ([1, M]/[N, 1] or [M, 1]/[1, N])."""
     if SOFTCAP:
         t = tanh(qk * (scale_log2 / 1.4426950408889634 / softcap))
         s = softcap * t * 1.4426950408889634
     else:
         s = qk * scale_log2
-    ok = visible(rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_WL, HAS_WR)
     # lse = +inf on empty rows makes P = 0 there.
-    p = tl.where(ok, tl.exp2(s - lse[:, None] * 1.4426950408889634), 0.0)
-    dp = tl.dot(do, tl.trans(v))
+    p = tl.exp2(s - lse * 1.4426950408889634)
+    if MASKED:
+        ok = visible(r, c, seqlen_q, seqlen_k, window_left, window_right, HAS_WL, HAS_WR)
+        p = tl.where(ok, p, 0.0)
     if DROPOUT:
-        keep = dropout_keep(seed, rows, cols, h, b, drop_threshold)
+        keep = dropout_keep(seed, r, c, h, b, drop_threshold)
         pd = tl.where(keep, p * inv_keep, 0.0)
         dp = tl.where(keep, dp * inv_keep, 0.0)
     else:
         pd = p
-    ds = p * (dp - delta[:, None])
+    ds = p * (dp - delta)
     if SOFTCAP:
         ds = ds * (1.0 - t * t)
     return pd, ds
 
 
 @triton.jit
-def _kv_step(dk, dv, k, v, m0, h, b, q_start, seqlen_q, seqlen_k, n0,
+def _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Spin until the dQ tile's counter equals my rank (acquire: everything the previous rank
+    added is visible once we see our rank). With DEBUG_WAITS the spin gives up after max_polls
+    (or as soon as another program gave up) and the first program to give up records where."""
+    cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
+    if DEBUG_WAITS:
+        polls = 0
+        while (cur != rank) & (polls < max_polls):
+            cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
+            polls += 1
+            if polls % 1024 == 0:
+                if tl.atomic_add(ERR, 0) != 0:   # someone is stuck already: stop waiting
+                    polls = max_polls
+        if cur != rank:
+            if tl.atomic_cas(ERR, 0, 1) == 0:
+                tl.store(ERR + 1, m0 // BLOCK_M)
+                tl.store(ERR + 2, rank)
+                tl.store(ERR + 3, cur)
+                tl.store(ERR + 4, n0 // BLOCK_N)
+                tl.store(ERR + 5, h)
+                tl.store(ERR + 6, b)
+    else:
+        while cur != rank:
+            cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
+
+
+@triton.jit
+def _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
              q_base, do_base, dq_base, lse_base, delta_base, stride_qs, stride_dos, stride_dqs, stride_ls,
              window_left, window_right, scale, scale_log2, softcap, seed, drop_threshold, inv_keep, head_dim,
-             sem_ptr, rank,
-             MODE: tl.constexpr, NO_WAIT: tl.constexpr,
-             HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
-             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One (Q tile, KV tile) stage of the KV-stationary backward."""
+             sem_ptr, rank, ERR, max_polls,
+             MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, MASKED: tl.constexpr,
+             EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
+             DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One (Q tile, KV tile) stage of the KV-stationary backward, on the transposed tile S^T
+    (BLOCK_N x BLOCK_M): P^T and dS^T come out of the products in the orientation the dK/dV
+    products consume, so only the dQ product needs a transpose. MASKED=False: the tile is whole
+    and fully visible (`interior_rows`), no masks."""
     rows = m0 + tl.arange(0, BLOCK_M)
     cols = n0 + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
-    rmask = rows < seqlen_q
-    msk = rmask[:, None] & (dims[None, :] < head_dim)
-    r64 = rows.to(tl.int64)[:, None]
-    q = tl.load(q_base + r64 * stride_qs + dims[None, :], mask=msk, other=0.0)
-    do = tl.load(do_base + r64 * stride_dos + dims[None, :], mask=msk, other=0.0)
-    lse = tl.load(lse_base + rows.to(tl.int64) * stride_ls, mask=rmask, other=float("inf"))
-    delta = tl.load(delta_base + rows.to(tl.int64) * stride_ls, mask=rmask, other=0.0)
-    pd, ds = _recompute(q, k, do, v, lse, delta, rows, cols, h, b, seqlen_q, seqlen_k, window_left,
-                        window_right, scale_log2, softcap, seed, drop_threshold, inv_keep,
-                        HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
-    dv += tl.dot(tl.trans(pd.to(do.dtype)), do)
-    ds_lo = ds.to(q.dtype)
-    dk += tl.dot(tl.trans(ds_lo), q)
+    r64 = rows.to(tl.int64)
+    q_ptrs = q_base + r64[:, None] * stride_qs + dims[None, :]
+    do_ptrs = do_base + r64[:, None] * stride_dos + dims[None, :]
+    if MASKED:
+        rmask = rows < seqlen_q
+        msk = rmask[:, None] & (dims < head_dim)[None, :]
+        q = tl.load(q_ptrs, mask=msk, other=0.0)
+        do = tl.load(do_ptrs, mask=msk, other=0.0)
+        lse = tl.load(lse_base + r64 * stride_ls, mask=rmask, other=float("inf"))
+        delta = tl.load(delta_base + r64 * stride_ls, mask=rmask, other=0.0)
+    else:
+        if EVEN_D:
+            q = tl.load(q_ptrs)
+            do = tl.load(do_ptrs)
+        else:
+            q = tl.load(q_ptrs, mask=(dims < head_dim)[None, :], other=0.0)
+            do = tl.load(do_ptrs, mask=(dims < head_dim)[None, :], other=0.0)
+        lse = tl.load(lse_base + r64 * stride_ls)
+        delta = tl.load(delta_base + r64 * stride_ls)
+    qk_t = tl.dot(k, tl.trans(q))
+    dp_t = tl.dot(v, tl.trans(do))
+    pd_t, ds_t = _recompute(qk_t, dp_t, lse[None, :], delta[None, :], rows[None, :], cols[:, None], h, b,
+                            seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed,
+                            drop_threshold, inv_keep, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
+    dv += tl.dot(pd_t.to(do.dtype), do)
+    ds_lo = ds_t.to(q.dtype)
+    dk += tl.dot(ds_lo, q)
     if MODE != 2:
-        dq = tl.dot(ds_lo, k) * scale
-        dq_ptrs = dq_base + r64 * stride_dqs + dims[None, :]
+        dq = tl.dot(tl.trans(ds_lo), k) * scale
+        dq_ptrs = dq_base + r64[:, None] * stride_dqs + dims[None, :]
+        msk = (rows < seqlen_q)[:, None] & (dims < head_dim)[None, :]
         if MODE == 0:
             tl.atomic_add(dq_ptrs, dq, mask=msk, sem="relaxed")
         else:
             if not NO_WAIT:
-                # Acquire: everything the previous rank added is visible once we see our rank.
-                cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
-                while cur != rank:
-                    cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
+                _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS, BLOCK_M, BLOCK_N)
             # One writer at a time; atomics go straight to L2, so no stale L1 line is read.
             tl.atomic_add(dq_ptrs, dq, mask=msk, sem="relaxed")
             # All threads' adds are issued before the release below (DESIGN.md rule 4).
@@ -142,10 +190,10 @@ def _kv_step(dk, dv, k, v, m0, h, b, q_start, seqlen_q, seqlen_k, n0,
 
 @triton.jit
 def _bwd_kv_kernel(
-    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM,
+    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR,
     T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK,
     seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
-    window_left, window_right,
+    window_left, window_right, max_polls,
     seqlen_q_dense, seqlen_k_dense, group, head_dim, heads_q, num_m_max,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -156,9 +204,9 @@ def _bwd_kv_kernel(
     stride_dqb, stride_dqs, stride_dqh,
     stride_lb, stride_lh, stride_ls,
     t_stride_b, t_max_workers, t_max_steps,
-    MODE: tl.constexpr, NO_WAIT: tl.constexpr, VARLEN: tl.constexpr,
-    HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, VARLEN: tl.constexpr,
+    EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
+    DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     hk = tl.program_id(1)
@@ -200,6 +248,10 @@ def _bwd_kv_kernel(
                         mask=kmsk, other=0.0)
             dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
             dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+            lo, hi_row = row_range(n0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N, HAS_WL, HAS_WR)
+            m_lo = tl.maximum(lo, 0) // BLOCK_M * BLOCK_M
+            a, z = interior_rows(n0, m_lo, hi_row, seqlen_q, seqlen_k, window_left, window_right,
+                                 BLOCK_M, BLOCK_N, HAS_WL, HAS_WR)
             for hi in range(group):
                 h = hk * group + hi
                 h64 = h.to(tl.int64)
@@ -215,24 +267,50 @@ def _bwd_kv_kernel(
                     for step in range(seg_begin, seg_end):
                         m_tile = tl.load(T_QTILE + tq + step)
                         rank = tl.load(T_RANK + tq + step)
-                        dk, dv = _kv_step(dk, dv, k, v, m_tile * BLOCK_M, h, b, q_start, seqlen_q, seqlen_k, n0,
-                                          q_base, do_base, dq_base, lse_base, delta_base,
-                                          stride_qs, stride_dos, stride_dqs, stride_ls,
-                                          window_left, window_right, scale, scale_log2, softcap, seed,
-                                          drop_threshold, inv_keep, head_dim, sem_base + m_tile, rank,
-                                          MODE, NO_WAIT, HAS_WL, HAS_WR, SOFTCAP, DROPOUT,
-                                          BLOCK_M, BLOCK_N, BLOCK_D)
+                        m0 = m_tile * BLOCK_M
+                        if (m0 >= a) & (m0 < z):
+                            dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
+                                              q_base, do_base, dq_base, lse_base, delta_base,
+                                              stride_qs, stride_dos, stride_dqs, stride_ls,
+                                              window_left, window_right, scale, scale_log2, softcap, seed,
+                                              drop_threshold, inv_keep, head_dim, sem_base + m_tile, rank,
+                                              ERR, max_polls, MODE, NO_WAIT, DEBUG_WAITS, False, EVEN_D,
+                                              HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                        else:
+                            dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
+                                              q_base, do_base, dq_base, lse_base, delta_base,
+                                              stride_qs, stride_dos, stride_dqs, stride_ls,
+                                              window_left, window_right, scale, scale_log2, softcap, seed,
+                                              drop_threshold, inv_keep, head_dim, sem_base + m_tile, rank,
+                                              ERR, max_polls, MODE, NO_WAIT, DEBUG_WAITS, True, EVEN_D,
+                                              HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
                 else:
-                    lo, hi_row = row_range(n0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N,
-                                           HAS_WL, HAS_WR)
-                    for m0 in range(tl.maximum(lo, 0) // BLOCK_M * BLOCK_M, hi_row, BLOCK_M):
-                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, q_start, seqlen_q, seqlen_k, n0,
+                    # Masked top edge (causal diagonal), interior, masked bottom edge (window,
+                    # ragged end): ascending Q tiles as one walk over [m_lo, hi_row).
+                    for m0 in range(m_lo, a, BLOCK_M):
+                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
                                           q_base, do_base, dq_base, lse_base, delta_base,
                                           stride_qs, stride_dos, stride_dqs, stride_ls,
                                           window_left, window_right, scale, scale_log2, softcap, seed,
-                                          drop_threshold, inv_keep, head_dim, sem_base, 0,
-                                          MODE, NO_WAIT, HAS_WL, HAS_WR, SOFTCAP, DROPOUT,
-                                          BLOCK_M, BLOCK_N, BLOCK_D)
+                                          drop_threshold, inv_keep, head_dim, sem_base, 0, ERR, max_polls,
+                                          MODE, NO_WAIT, DEBUG_WAITS, True, EVEN_D,
+                                          HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                    for m0 in range(a, z, BLOCK_M):
+                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
+                                          q_base, do_base, dq_base, lse_base, delta_base,
+                                          stride_qs, stride_dos, stride_dqs, stride_ls,
+                                          window_left, window_right, scale, scale_log2, softcap, seed,
+                                          drop_threshold, inv_keep, head_dim, sem_base, 0, ERR, max_polls,
+                                          MODE, NO_WAIT, DEBUG_WAITS, False, EVEN_D,
+                                          HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                    for m0 in range(z, hi_row, BLOCK_M):
+                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
+                                          q_base, do_base, dq_base, lse_base, delta_base,
+                                          stride_qs, stride_dos, stride_dqs, stride_ls,
+                                          window_left, window_right, scale, scale_log2, softcap, seed,
+                                          drop_threshold, inv_keep, head_dim, sem_base, 0, ERR, max_polls,
+                                          MODE, NO_WAIT, DEBUG_WAITS, True, EVEN_D,
+                                          HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
             tl.store(DK + b64 * stride_dkb + hk.to(tl.int64) * stride_dkh + c64 * stride_dks + dims[None, :],
                      (dk * scale).to(DK.dtype.element_ty), mask=kmsk)
             tl.store(DV + b64 * stride_dvb + hk.to(tl.int64) * stride_dvh + c64 * stride_dvs + dims[None, :],
@@ -241,6 +319,36 @@ def _bwd_kv_kernel(
 
 
 # ---------------------------------------------------------------- split: Q-stationary dQ
+
+@triton.jit
+def _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, n_from, n_to, h, b,
+              seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
+              inv_keep, head_dim,
+              MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
+              SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dQ of one Q tile over the KV tiles [n_from, n_to); MASKED=False as in the forward."""
+    dims = tl.arange(0, BLOCK_D)
+    for n0 in range(n_from, n_to, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c64 = cols.to(tl.int64)[:, None]
+        if MASKED:
+            kmsk = (cols < seqlen_k)[:, None] & (dims < head_dim)[None, :]
+            k = tl.load(k_base + c64 * stride_ks + dims[None, :], mask=kmsk, other=0.0)
+            v = tl.load(v_base + c64 * stride_vs + dims[None, :], mask=kmsk, other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_base + c64 * stride_ks + dims[None, :])
+            v = tl.load(v_base + c64 * stride_vs + dims[None, :])
+        else:
+            k = tl.load(k_base + c64 * stride_ks + dims[None, :], mask=(dims < head_dim)[None, :], other=0.0)
+            v = tl.load(v_base + c64 * stride_vs + dims[None, :], mask=(dims < head_dim)[None, :], other=0.0)
+        qk = tl.dot(q, tl.trans(k))
+        dp = tl.dot(do, tl.trans(v))
+        _, ds = _recompute(qk, dp, lse[:, None], delta[:, None], rows[:, None], cols[None, :], h, b,
+                           seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed,
+                           drop_threshold, inv_keep, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
+        acc += tl.dot(ds.to(q.dtype), k)
+    return acc
+
 
 @triton.jit
 def _bwd_dq_kernel(
@@ -254,7 +362,7 @@ def _bwd_dq_kernel(
     stride_dob, stride_dos, stride_doh,
     stride_dqb, stride_dqs, stride_dqh,
     stride_lb, stride_lh, stride_ls,
-    VARLEN: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
+    VARLEN: tl.constexpr, EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
     SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -285,16 +393,18 @@ def _bwd_dq_kernel(
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, hi = col_range(m0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, HAS_WL, HAS_WR)
-    for n0 in range(tl.maximum(lo, 0) // BLOCK_N * BLOCK_N, hi, BLOCK_N):
-        cols = n0 + tl.arange(0, BLOCK_N)
-        kmsk = (cols < seqlen_k)[:, None] & dmask[None, :]
-        c64 = cols.to(tl.int64)[:, None]
-        k = tl.load(k_base + c64 * stride_ks + dims[None, :], mask=kmsk, other=0.0)
-        v = tl.load(v_base + c64 * stride_vs + dims[None, :], mask=kmsk, other=0.0)
-        _, ds = _recompute(q, k, do, v, lse, delta, rows, cols, h, b, seqlen_q, seqlen_k, window_left,
-                           window_right, scale_log2, softcap, seed, drop_threshold, inv_keep,
-                           HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
-        acc += tl.dot(ds.to(q.dtype), k)
+    n_lo = tl.maximum(lo, 0) // BLOCK_N * BLOCK_N
+    a, z = interior_cols(m0, n_lo, hi, seqlen_q, seqlen_k, window_left, window_right,
+                         BLOCK_M, BLOCK_N, HAS_WL, HAS_WR)
+    acc = _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, n_lo, a, h, b,
+                    seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
+                    inv_keep, head_dim, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
+    acc = _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, a, z, h, b,
+                    seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
+                    inv_keep, head_dim, False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
+    acc = _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, z, hi, h, b,
+                    seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
+                    inv_keep, head_dim, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
     tl.store(DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + r64 * stride_dqs + dims[None, :],
              (acc * scale).to(DQ.dtype.element_ty), mask=msk)
 
@@ -382,6 +492,40 @@ def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
     return dev
 
 
+class StuckWaitError(RuntimeError):
+    """An ordered-schedule wait gave up (DASH_DEBUG_WAITS=1): the rank it waited for never came."""
+
+
+_DEFAULT_POLLS = 1 << 22   # about a second or more of polling on an H100/H200
+
+
+def debug_waits():
+    """(on, max polls) from DASH_DEBUG_WAITS / DASH_DEBUG_WAIT_POLLS; read per call."""
+    raw = os.environ.get("DASH_DEBUG_WAITS", "0").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False, 0
+    if raw not in ("1", "true", "yes", "on"):
+        raise ValueError(f"DASH_DEBUG_WAITS={raw!r}: use 1 (on) or 0 (off)")
+    polls_raw = os.environ.get("DASH_DEBUG_WAIT_POLLS", str(_DEFAULT_POLLS))
+    try:
+        polls = int(polls_raw)
+    except ValueError:
+        polls = 0
+    if polls < 1:
+        raise ValueError(f"DASH_DEBUG_WAIT_POLLS={polls_raw!r}: must be a positive integer")
+    return True, polls
+
+
+def _raise_if_stuck(err, schedule, group):
+    flag, m_tile, rank, seen, n_tile, h, b = err[:7].tolist()
+    if flag:
+        raise StuckWaitError(
+            f"schedule={schedule!r}: a backward program gave up waiting (DASH_DEBUG_WAITS=1): dQ tile {m_tile} "
+            f"of query head {h}, sequence {b}, waited for rank {rank} but the counter stayed at {seen}; the waiting "
+            f"program owns KV tile {n_tile} of KV head {h // group}. Its dQ adds are incomplete: the gradients "
+            f"of this call are wrong.")
+
+
 def _check_residency(group_size, device):
     """Cyclic waits need the whole group resident at once (DESIGN.md rule 5): one program per SM."""
     if interpreting() or group_size <= 1:
@@ -425,7 +569,7 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
 
     common = (seed, dropout_threshold(dropout_p), float(softmax_scale), float(softmax_scale) * LOG2E,
               float(softcap), 1.0 / (1.0 - float(dropout_p)), wl, wr)
-    flags = dict(VARLEN=varlen, HAS_WL=wl >= 0, HAS_WR=wr >= 0, SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0,
+    flags = dict(VARLEN=varlen, EVEN_D=block_d == pb.head_dim, HAS_WL=wl >= 0, HAS_WR=wr >= 0, SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0,
                  BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     lse_strides = stats_strides(lse, varlen)
@@ -441,6 +585,8 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
         mode = _MODE["atomic"] if schedule == "atomic" else _MODE["ordered"]
 
     no_wait = False
+    debug, max_polls = debug_waits() if mode == _MODE["ordered"] else (False, 0)
+    err = torch.zeros(8, device=q.device, dtype=torch.int32) if debug else None
     if mode == _MODE["ordered"]:
         tabs = _device_tables(schedule, pb, cfg, wl, wr, causal, q.device)
         if tabs["group_size"] > 1:
@@ -459,11 +605,13 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
         t_dims = (0, 1, 1)
 
     _bwd_kv_kernel[(grid0, pb.heads_kv, pb.batch)](
-        q, k, v, dout, dk, dv, dqa, lse, delta, pb.cu_q, pb.cu_k, sem, *t_args,
-        *common, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim, pb.heads_q, grid_m,
+        q, k, v, dout, dk, dv, dqa, lse, delta, pb.cu_q, pb.cu_k, sem, err if debug else sem, *t_args,
+        *common[:-2], wl, wr, max_polls, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim, pb.heads_q, grid_m,
         *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
         *strides4(dk, varlen), *strides4(dv, varlen), *strides4(dqa, varlen), *lse_strides,
-        *t_dims, MODE=mode, NO_WAIT=no_wait, **flags)
+        *t_dims, MODE=mode, NO_WAIT=no_wait, DEBUG_WAITS=debug, **flags)
+    if debug:
+        _raise_if_stuck(err, schedule, pb.group)   # a host sync, only in this debug mode
 
     if schedule == "split":
         _bwd_dq_kernel[(grid_m, pb.heads_q, pb.batch)](

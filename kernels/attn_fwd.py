@@ -12,9 +12,57 @@ import triton
 import triton.language as tl
 
 from . import tile_config
-from ._triton_common import (LOG2E, col_range, dropout_keep, interpreting, problem, seq_bounds,
+from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interpreting, problem, seq_bounds,
                              stats_strides, strides4, tanh, visible)
 from .philox import dropout_threshold
+
+
+@triton.jit
+def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, n_from, n_to,
+               h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k, window_left, window_right,
+               head_dim,
+               MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
+               SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Online softmax over the KV tiles [n_from, n_to). MASKED=False is the fast path for tiles
+    that `interior_cols` proved whole and fully visible: no load masks, no score mask."""
+    cols0 = tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    for n0 in range(n_from, n_to, BLOCK_N):
+        cols = n0 + cols0
+        kv_off = cols.to(tl.int64)[:, None] * stride_ks + dims[None, :]
+        vv_off = cols.to(tl.int64)[:, None] * stride_vs + dims[None, :]
+        if MASKED:
+            lmask = (cols < seqlen_k)[:, None] & (dims < head_dim)[None, :]
+            k = tl.load(k_base + kv_off, mask=lmask, other=0.0)
+            v = tl.load(v_base + vv_off, mask=lmask, other=0.0)
+        elif EVEN_D:
+            k = tl.load(k_base + kv_off)
+            v = tl.load(v_base + vv_off)
+        else:
+            k = tl.load(k_base + kv_off, mask=(dims < head_dim)[None, :], other=0.0)
+            v = tl.load(v_base + vv_off, mask=(dims < head_dim)[None, :], other=0.0)
+        qk = tl.dot(q, tl.trans(k))
+        if SOFTCAP:
+            s = softcap * tanh(qk * (scale_log2 / 1.4426950408889634 / softcap)) * 1.4426950408889634
+        else:
+            s = qk * scale_log2
+        if MASKED:
+            ok = visible(rows[:, None], cols[None, :], seqlen_q, seqlen_k, window_left, window_right,
+                         HAS_WL, HAS_WR)
+            s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no visible key yet keeps m = -inf; subtract 0 there (no inf - inf).
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            keep = dropout_keep(seed, rows[:, None], cols[None, :], h, b, drop_threshold)
+            p = tl.where(keep, p, 0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -29,7 +77,7 @@ def _fwd_kernel(
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh, stride_ls,
     VARLEN: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
-    SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, REVERSE_M: tl.constexpr,
+    SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, REVERSE_M: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -46,7 +94,6 @@ def _fwd_kernel(
     hk = h // group
 
     rows = m0 + tl.arange(0, BLOCK_M)
-    cols0 = tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < head_dim
 
@@ -66,30 +113,22 @@ def _fwd_kernel(
 
     lo, hi = col_range(m0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, HAS_WL, HAS_WR)
     n_lo = tl.maximum(lo, 0) // BLOCK_N * BLOCK_N
-    for n0 in range(n_lo, hi, BLOCK_N):
-        cols = n0 + cols0
-        cmask = cols < seqlen_k
-        kv_off = cols.to(tl.int64)[:, None]
-        k = tl.load(k_base + kv_off * stride_ks + dims[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
-        v = tl.load(v_base + kv_off * stride_vs + dims[None, :], mask=cmask[:, None] & dmask[None, :], other=0.0)
-        qk = tl.dot(q, tl.trans(k))
-        if SOFTCAP:
-            s = softcap * tanh(qk * (scale_log2 / 1.4426950408889634 / softcap)) * 1.4426950408889634
-        else:
-            s = qk * scale_log2
-        ok = visible(rows, cols, seqlen_q, seqlen_k, window_left, window_right, HAS_WL, HAS_WR)
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen no visible key yet keeps m = -inf; subtract 0 there (no inf - inf).
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if DROPOUT:
-            keep = dropout_keep(seed, rows, cols, h, b, drop_threshold)
-            p = tl.where(keep, p, 0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+    a, z = interior_cols(m0, n_lo, hi, seqlen_q, seqlen_k, window_left, window_right,
+                         BLOCK_M, BLOCK_N, HAS_WL, HAS_WR)
+    # Left edge (window), interior (no masks), right edge (causal diagonal, ragged end): the
+    # same tiles in the same order as one masked walk over [n_lo, hi).
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, n_lo, a,
+                               h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k,
+                               window_left, window_right, head_dim,
+                               True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, a, z,
+                               h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k,
+                               window_left, window_right, head_dim,
+                               False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, z, hi,
+                               h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k,
+                               window_left, window_right, head_dim,
+                               True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -153,7 +192,7 @@ def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seql
         *strides4(q, pb.varlen), *strides4(k, pb.varlen), *strides4(v, pb.varlen), *strides4(out, pb.varlen),
         *stats_strides(lse, pb.varlen),
         VARLEN=pb.varlen, HAS_WL=wl >= 0, HAS_WR=wr >= 0,
-        SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0, REVERSE_M=wr >= 0,
+        SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0, REVERSE_M=wr >= 0, EVEN_D=block_d == pb.head_dim,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -38,6 +38,11 @@ CASES = {
     "softcap_mqa": ((1, 48, 48, 4, 1, 64), {"causal": True, "softcap": 3.0}, ("spt", "split")),
     "dropout": ((1, 48, 48, 2, 2, 32), {"causal": True, "dropout_p": 0.25, "seed": 2024}, ("ascending", "split")),
     "full_shift_cyclic": ((1, 96, 96, 1, 1, 32), {}, ("shift",)),
+    # Windows wider than the tiles and ragged lengths: interior (unmasked) tiles between masked
+    # edges on both sides, in the forward, the KV walk and the dQ walk.
+    "wide_window_ragged": ((1, 150, 130, 2, 1, 32), {"window_left": 45, "window_right": 21},
+                           ("ascending", "atomic", "split")),
+    "causal_ragged_d40": ((2, 100, 117, 2, 2, 40), {"causal": True}, ("descending", "split")),
 }
 
 
