@@ -26,7 +26,6 @@ run cyclic waits, so there the kernel skips waiting (NO_WAIT) and only correctne
 """
 import heapq
 import os
-import warnings
 
 import torch
 import triton
@@ -465,15 +464,6 @@ def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
         return hit
     t = kernel_tables(schedule, seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
                       causal=causal, window_left=wl, window_right=wr)
-    if not interpreting() and any(str(v).startswith("shift-symmetric") for v in t.variants):
-        # Known defect (docs/benchmarks/kernels-first-figures.md): the two-segment causal shift
-        # stalls on the GPU (H200, Triton 3.6) although its tables complete in a CPU simulation
-        # with every worker resident. Until that is found, run the descending tables: still
-        # deterministic (bits are a function of the shape), but not the shift order.
-        warnings.warn("schedule='shift' with a causal mask runs the 'descending' order on the GPU for now "
-                      "(the symmetric causal shift stalls in this build)", RuntimeWarning, stacklevel=3)
-        t = kernel_tables("descending", seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
-                          causal=causal, window_left=wl, window_right=wr)
     nb, w_max = t.seg_kv.shape[0], t.seg_kv.shape[1]
     perm = torch.zeros((nb, max(w_max, 1)), dtype=torch.int32)
     for b in range(nb):
@@ -551,7 +541,8 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
     dout = dout if dout.stride(-1) == 1 else dout.contiguous()
     wl, wr = mask_params(causal, window_left, window_right)
     interp = interpreting()
-    cfg = tile_config.bwd_config(q.dtype, pb.head_dim, interpret=interp)
+    kv_kernel = "split_kv" if schedule == "split" else "ordered"
+    cfg = tile_config.bwd_config(q.dtype, pb.head_dim, interpret=interp, kernel=kv_kernel)
     block_d = tile_config.padded_head_dim(pb.head_dim)
     varlen = pb.varlen
 
@@ -569,9 +560,10 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
 
     common = (seed, dropout_threshold(dropout_p), float(softmax_scale), float(softmax_scale) * LOG2E,
               float(softcap), 1.0 / (1.0 - float(dropout_p)), wl, wr)
-    flags = dict(VARLEN=varlen, EVEN_D=block_d == pb.head_dim, HAS_WL=wl >= 0, HAS_WR=wr >= 0, SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0,
-                 BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
-                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    flags = dict(VARLEN=varlen, EVEN_D=block_d == pb.head_dim, HAS_WL=wl >= 0, HAS_WR=wr >= 0,
+                 SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0, BLOCK_D=block_d)
+    tiles = lambda c: dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,  # noqa: E731
+                           num_stages=c.num_stages)
     lse_strides = stats_strides(lse, varlen)
     assert stats_strides(delta, varlen) == lse_strides
 
@@ -609,16 +601,17 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
         *common[:-2], wl, wr, max_polls, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim, pb.heads_q, grid_m,
         *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
         *strides4(dk, varlen), *strides4(dv, varlen), *strides4(dqa, varlen), *lse_strides,
-        *t_dims, MODE=mode, NO_WAIT=no_wait, DEBUG_WAITS=debug, **flags)
+        *t_dims, MODE=mode, NO_WAIT=no_wait, DEBUG_WAITS=debug, **flags, **tiles(cfg))
     if debug:
         _raise_if_stuck(err, schedule, pb.group)   # a host sync, only in this debug mode
 
     if schedule == "split":
-        _bwd_dq_kernel[(grid_m, pb.heads_q, pb.batch)](
+        dq_cfg = tile_config.bwd_config(q.dtype, pb.head_dim, interpret=interp, kernel="split_dq")
+        _bwd_dq_kernel[(triton.cdiv(pb.max_seqlen_q, dq_cfg.block_m), pb.heads_q, pb.batch)](
             q, k, v, dout, dq, lse, delta, pb.cu_q, pb.cu_k,
             *common, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
             *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
-            *strides4(dq, varlen), *lse_strides, **flags)
+            *strides4(dq, varlen), *lse_strides, **flags, **tiles(dq_cfg))
         return dq, dk, dv
     # postprocess: one rounding of the fp32 accumulator to the input dtype.
     return dqa.to(q.dtype), dk, dv

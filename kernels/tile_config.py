@@ -30,22 +30,32 @@ class BwdConfig:
 
 
 # Hopper (sm90) and anything newer/older that has no row of its own. Keys: padded head dim.
+# Rows from scripts/gpu_tune.py on an H200 (docs/benchmarks/tune-h200-2.json, with SDPA cuDNN
+# timed beside them); the history is in docs/benchmarks/NOTES.md.
 _FWD_SM90 = {
     32: FwdConfig(128, 64, 4, 3),
-    64: FwdConfig(128, 64, 4, 3),
-    128: FwdConfig(128, 64, 8, 3),
+    64: FwdConfig(128, 64, 8, 3),     # 393 TFLOP/s full 2k; 128x128 drops to 329
+    128: FwdConfig(128, 128, 8, 3),   # 494 full 8k, 454 causal 8k (128x64: 451 / 410)
     256: FwdConfig(64, 64, 8, 2),
 }
-# Rows chosen by scripts/gpu_tune_bwd.py on an H200 (docs/benchmarks/tune-bwd-h200.json): 64x64
-# tiles at 4 warps beat 64x128 at 8 warps by 1.4x (hdim 128: causal descending 117 -> 168,
-# full atomic 147 -> 209, full shift 138 -> 155 TFLOP/s; hdim 64 full shift 158 -> 204), because
-# the 128-row fp32 dK/dV accumulators no longer spill.
+# KV-stationary kernel with dQ adds (ordered schedules and `atomic`; the ordered schedules'
+# ranks are a function of these tiles). The dQ product needs dS transposed; at 8 warps the
+# 64x128 tile hides it best: hdim 128 full 8k atomic 373 vs 202 TFLOP/s at 64x64/4 warps.
 _BWD_SM90 = {
-    32: BwdConfig(64, 64, 4, 3),
-    64: BwdConfig(64, 64, 4, 3),
-    128: BwdConfig(64, 64, 4, 3),
+    32: BwdConfig(64, 128, 8, 3),
+    64: BwdConfig(64, 128, 8, 3),
+    128: BwdConfig(64, 128, 8, 3),
     256: BwdConfig(32, 64, 8, 1),
 }
+# `split`: the KV kernel without dQ, and the Q-stationary dQ kernel. No cross-program
+# reduction, so these tiles may differ from the ones above without changing any rank.
+_SPLIT_KV_SM90 = {
+    32: BwdConfig(64, 64, 4, 3),
+    64: BwdConfig(64, 64, 4, 3),
+    128: BwdConfig(64, 64, 4, 2),     # 374 full 8k, 337 causal 8k (64x128/8 warps: 304 / 277)
+    256: BwdConfig(32, 64, 8, 1),
+}
+_SPLIT_DQ_SM90 = dict(_SPLIT_KV_SM90)
 
 # Under TRITON_INTERPRET=1 (CPU CI): small tiles so that tiny test shapes still span several
 # tiles (multi-tile online softmax, several dQ contributors, ragged last tiles).
@@ -74,8 +84,16 @@ def fwd_config(dtype: torch.dtype, head_dim: int, *, interpret: bool, arch=None)
     return _row(_FWD_SM90, head_dim)
 
 
-def bwd_config(dtype: torch.dtype, head_dim: int, *, interpret: bool, arch=None) -> BwdConfig:
-    """Backward tiles; block_n is a multiple of block_m (the causal shift pairs need it)."""
+_BWD_TABLES = {"ordered": _BWD_SM90, "split_kv": _SPLIT_KV_SM90, "split_dq": _SPLIT_DQ_SM90}
+
+
+def bwd_config(dtype: torch.dtype, head_dim: int, *, interpret: bool, kernel: str = "ordered",
+               arch=None) -> BwdConfig:
+    """Backward tiles of one kernel: ``ordered`` (KV-stationary with dQ adds: ordered schedules
+    and atomic; block_n is a multiple of block_m, which the causal shift pairs need),
+    ``split_kv`` or ``split_dq``."""
+    if kernel not in _BWD_TABLES:
+        raise ValueError(f"kernel={kernel!r}: one of {sorted(_BWD_TABLES)}")
     if interpret:
         return _BWD_INTERPRET
-    return _row(_BWD_SM90, head_dim)
+    return _row(_BWD_TABLES[kernel], head_dim)

@@ -1,35 +1,42 @@
-"""Probe: which shift variant stalls on the GPU? Each case runs in its own process with a watchdog
-(a stuck kernel cannot be interrupted; the process exits instead)."""
+"""Probe: where does the causal symmetric shift stall on the GPU? Runs the two-segment shift
+tables (the RuntimeWarning fallback bypassed) under DASH_DEBUG_WAITS=1, so a stuck wait becomes
+a StuckWaitError naming the dQ tile, the rank and the counter value, and prints the tables of
+the worker that gave up. Each case runs in its own process with a watchdog."""
 import os
 import subprocess
 import sys
 import time
 
-CASES = ["full-stages2", "causal-stages2", "causal-stages1", "full-stages1", "desc-causal-stages2"]
+CASES = ["1024-64-64", "1024-64-128", "2048-64-64"]
 
 
 def one(case):
+    os.environ["DASH_DEBUG_WAITS"] = "1"
+    os.environ.setdefault("DASH_DEBUG_WAIT_POLLS", str(1 << 20))
     import torch
     from dash_plugin.kernels import attn_bwd, attn_fwd, tile_config
-    mask, stages = case.rsplit("-", 1)[0], int(case[-1])
-    schedule = "descending" if mask.startswith("desc") else "shift"
-    causal = "causal" in mask
-    orig = tile_config.bwd_config
-    tile_config.bwd_config = lambda *a, **k: tile_config.BwdConfig(64, 128, 8, stages) if not k.get("interpret") else orig(*a, **k)
-    q = torch.randn(1, 1024, 2, 128, device="cuda", dtype=torch.bfloat16)
+    from dash_plugin.schedules import kernel_tables
+    s, bm, bn = (int(x) for x in case.split("-"))
+    tile_config._BWD_SM90[128] = tile_config.BwdConfig(bm, bn, 4, 2)
+    q = torch.randn(1, s, 2, 128, device="cuda", dtype=torch.bfloat16)
     k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
-    kw = dict(softmax_scale=128 ** -0.5, causal=causal)
+    kw = dict(softmax_scale=128 ** -0.5, causal=True)
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
-    ev = torch.cuda.Event()
-    attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
-    ev.record()
     t0 = time.time()
-    while not ev.query():
-        if time.time() - t0 > 15:
-            print(f"{case}: STUCK", flush=True)
-            os._exit(3)
-        time.sleep(0.01)
-    print(f"{case}: finished", flush=True)
+    try:
+        got = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="shift", **kw)
+        torch.cuda.synchronize()
+        ref = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="split", **kw)
+        err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
+        print(f"{case}: finished in {time.time() - t0:.2f}s, rel. difference to split {err:.2e}", flush=True)
+    except attn_bwd.StuckWaitError as exc:
+        print(f"{case}: STUCK: {exc}", flush=True)
+        t = kernel_tables("shift", seqlens_q=[s], seqlens_k=[s], block_m=bm, block_n=bn, causal=True,
+                          window_left=-1, window_right=0)
+        print("variants", t.variants, "group", t.group_size, "workers", t.num_workers.tolist())
+        for w in range(int(t.num_workers[0])):
+            print(" worker", w, "seg_kv", t.seg_kv[0, w].tolist(), "seg_end", t.seg_end[0, w].tolist(),
+                  "q", t.q_tile[0, w].tolist(), "rank", t.rank[0, w].tolist())
     os._exit(0)
 
 
@@ -37,4 +44,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:
         one(sys.argv[1])
     for c in CASES:
-        subprocess.run([sys.executable, __file__, c], timeout=60)
+        try:
+            subprocess.run([sys.executable, __file__, c], timeout=120)
+        except subprocess.TimeoutExpired:
+            print(f"{c}: watchdog: no answer in 120 s (a hang that DASH_DEBUG_WAITS did not catch)", flush=True)
