@@ -52,7 +52,8 @@ def forward_backward(q, k, v, do, kw, schedule):
 # ---------------------------------------------------------------- 1. determinism under another process's load
 
 LOAD_CASES = [(s, c) for c in ("gqa4_causal", "varlen_causal", "window256") for s in DETERMINISTIC]
-LOAD_CASES.append(("shift", "gqa4_full"))   # with a causal or window mask shift runs non-cyclic tables
+# shift: causal -> symmetric pairs, window -> descending fallback, full mask -> the cyclic shift
+LOAD_CASES.append(("shift", "gqa4_full"))
 
 
 @pytest.fixture(scope="class")
@@ -100,7 +101,7 @@ class TestDeterminismUnderLoadFromAnotherProcess:
 
 # ---------------------------------------------------------------- 2. same bits in a fresh process
 
-FRESH_PAIRS = [("gqa4_causal", s) for s in ("split", "descending", "ascending", "spt")] + \
+FRESH_PAIRS = [("gqa4_causal", s) for s in ("split", "descending", "ascending", "spt", "shift")] + \
     [("gqa4_full", "shift"), ("varlen_causal", "split"), ("varlen_causal", "descending"), ("window256", "split")]
 
 
@@ -150,14 +151,14 @@ def test_stuck_wait_raises_with_tile_and_rank(monkeypatch):
     assert all(bitwise_equal(a, b) for a, b in zip(plain, again)), "debug waits changed the bits"
 
 
-OCCUPIED = [("ascending", True), ("descending", True), ("ascending", False), ("descending", False),
-            ("shift", False)]   # shift with a causal mask runs the descending tables on the GPU
+OCCUPIED = [("ascending", True), ("descending", True), ("shift", True), ("ascending", False), ("descending", False),
+            ("shift", False)]   # shift: symmetric pairs (causal) and the cyclic shift (full), both cyclic waits
 
 
 @pytest.mark.parametrize("schedule, causal", OCCUPIED, ids=[f"{s}-{'causal' if c else 'full'}" for s, c in OCCUPIED])
 def test_ordered_schedules_finish_while_another_kernel_occupies_sms(monkeypatch, schedule, causal):
-    """Many more programs than SMs (B=4, H=16, S=4096: 64 KV tiles x 16 heads x 4 per launch) while a
-    side stream keeps the SMs busy with matmuls: waits must still be satisfied, with unchanged bits."""
+    """Many more programs than SMs (B=4, H=16, S=4096: 32 KV tiles of 128 x 16 heads x 4 = 2048 per launch)
+    while a side stream keeps the SMs busy with matmuls: waits must still be satisfied, with unchanged bits."""
     q, k, v, do = dense_inputs((4, 4096, 4096, 16, 16, 128), torch.bfloat16, "cuda", seed=3)
     kw = dict(softmax_scale=128 ** -0.5, causal=causal)
     out, lse, alone = forward_backward(q, k, v, do, kw, schedule)
@@ -231,7 +232,7 @@ def test_seqlen_64k_matches_float32_reference_with_linear_memory(seqlen_64k, sch
 
 
 def test_grids_beyond_2_pow_15_programs():
-    """B=160, H=32, S=1024: forward 8 x 32 x 160 = 40960 programs, backward 16 x 32 x 160 per kernel."""
+    """B=160, H=32, S=1024: every launch has at least 8 tiles x 32 heads x 160 = 40960 programs."""
     b, s, h, d = 160, 1024, 32, 64
     q, k, v, do = dense_inputs((b, s, s, h, h, d), torch.bfloat16, "cuda", seed=4)
     kw = dict(softmax_scale=d ** -0.5, causal=True)
