@@ -44,7 +44,7 @@ run_step() {
   local left=$(( BUDGET - $(elapsed) ))
   (( left < limit )) && limit=$left
   if (( limit < 15 )); then
-    echo "(not started, budget spent: $*)" | tee -a "$LOG"
+    echo "(not started, budget spent: $*)" | tee -a "$LOG" > "$WORK/last.out"
     return 125
   fi
   echo "\$ $* (timeout ${limit} s)" >> "$LOG"
@@ -52,7 +52,20 @@ run_step() {
   timeout -s INT -k 20 "$limit" "$@" 2>&1 | tee -a "$LOG" > "$WORK/last.out"
   local rc=${PIPESTATUS[0]}
   echo "[exit $rc after $(( $(date +%s) - t0 )) s]" >> "$LOG"
+  (( rc == 124 )) && stop_leftovers
   return "$rc"
+}
+
+# After a step that timed out: training processes live in their own sessions (dash-repro starts them so),
+# out of timeout's reach if their parent could not stop them. Stop the GPU processes left behind, by PID, so
+# the next step gets idle GPUs (every GPU process on this machine was started by this script).
+stop_leftovers() {
+  local pids
+  pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+  [[ -z "$pids" ]] && return 0
+  echo "GPU processes left after the timeout, stopped: $pids" | tee -a "$LOG"
+  for pid in $pids; do kill -9 "$pid" 2>/dev/null; done
+  sleep 2
 }
 
 # verdict NAME RC: a PASS/FAIL/TIMEOUT line in summary.txt for exit code RC (0 = pass).

@@ -110,3 +110,37 @@ def test_failed_run_stops_the_other_parallel_run(tmp_path, capsys):
     rc = main(["run", "--parallel", "--out", str(tmp_path / "runs"), "--script", str(script)])
     assert rc == 2 and time.monotonic() - t0 < 20
     assert "failed (exit 3)" in capsys.readouterr().err
+
+
+def test_run_devices_puts_each_parallel_run_on_its_own_gpu(tmp_path, capsys):
+    # A stand-in trainer: records its CUDA_VISIBLE_DEVICES, then waits for the other run to have started
+    # (so the runs must overlap in time), then writes one identical step.
+    script = tmp_path / "t.py"
+    script.write_text(
+        "import json, os, sys, time\n"
+        "from pathlib import Path\n"
+        "out = Path(sys.argv[-1]); out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'devices.txt').write_text(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))\n"
+        "other = out.parent / ('run2' if out.name == 'run1' else 'run1') / 'devices.txt'\n"
+        "deadline = time.time() + 30\n"
+        "while not other.exists() and time.time() < deadline: time.sleep(0.05)\n"
+        "if not other.exists(): sys.exit(5)\n"
+        "(out / 'steps.jsonl').write_text(json.dumps({'step': 1, 'loss': '0x1.0p+0'}) + '\\n')\n")
+    runs = tmp_path / "runs"
+    rc = main(["run", "--parallel", "--devices", "0,1", "--out", str(runs), "--script", str(script),
+               "--steps", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "IDENTICAL: 2 runs, 1 steps" in out
+    assert (runs / "run1" / "devices.txt").read_text() == "0"
+    assert (runs / "run2" / "devices.txt").read_text() == "1"
+    assert (runs / "run2" / "train.log").read_text().startswith(f"$ CUDA_VISIBLE_DEVICES=1 {sys.executable} ")
+
+
+def test_run_devices_needs_one_entry_per_run_and_no_launcher(tmp_path, capsys):
+    assert main(["run", "--devices", "0", "--out", str(tmp_path)]) == 2
+    assert "--devices='0' is not allowed; pass one device per run (2)" in capsys.readouterr().err
+    assert main(["run", "--devices", "0,", "--out", str(tmp_path)]) == 2
+    assert "--devices='0,' is not allowed" in capsys.readouterr().err
+    assert main(["run", "--devices", "0,1", "--launch", "accelerate launch", "--out", str(tmp_path)]) == 2
+    assert "with --launch set CUDA_VISIBLE_DEVICES for the launcher" in capsys.readouterr().err

@@ -30,20 +30,22 @@ def restore_process_state():
             os.environ[k] = v
 
 
-def trainer_run(out, data):
+def trainer_run(out, data, *, gpu=False, steps=4, seq_len=64, hidden=64, heads=2, kv_heads=1, layers=2):
+    """One Trainer run with fingerprints in OUT. On the CPU in fp32; with gpu=True on CUDA with bf16 mixed
+    precision, where the dash attention runs its Triton kernels."""
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-    args = TrainingArguments(output_dir=str(out / "hf"), max_steps=4, per_device_train_batch_size=4,
+    args = TrainingArguments(output_dir=str(out / "hf"), max_steps=steps, per_device_train_batch_size=4,
                              learning_rate=3e-3, warmup_steps=1, logging_steps=1, seed=7, full_determinism=True,
-                             use_cpu=True, save_strategy="no", report_to=[], dataloader_num_workers=0,
-                             disable_tqdm=True)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                         use_cache=False, tie_word_embeddings=False)
+                             use_cpu=not gpu, bf16=gpu, save_strategy="no", report_to=[],
+                             dataloader_num_workers=0, disable_tqdm=True)
+    config = LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         max_position_embeddings=seq_len, use_cache=False, tie_word_embeddings=False)
     config._attn_implementation = "dash"
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
-    trainer = Trainer(model=model, args=args, train_dataset=ByteBlocks(data, 64, "train"),
+    trainer = Trainer(model=model, args=args, train_dataset=ByteBlocks(data, seq_len, "train"),
                       callbacks=[FingerprintCallback(out)])
     trainer.train()
     assert model.config._attn_implementation == "dash"
@@ -72,3 +74,38 @@ def test_trainer_two_runs_identical(tmp_path, monkeypatch):
     assert [from_exact(s["loss"]) for s in steps] == losses_a
     assert len(set(losses_a)) == 4 and steps[0]["params"] != steps[-1]["params"]  # it trained
     assert all(s["grads"] for s in steps)
+
+
+@pytest.mark.gpu
+def test_trainer_two_runs_identical_gpu(tmp_path, monkeypatch):
+    """The same on the GPU: bf16, sequences of 1024 (16 KV tiles per dQ tile, so the order of dQ additions
+    matters), head dim 64, GQA 2:1, 20 steps, through the dash Triton kernels."""
+    from transformers import AttentionInterface
+
+    import dash_plugin
+
+    seen = []
+    dash_fn = AttentionInterface._global_mapping["dash"]
+
+    def recording(module, query, *args, **kwargs):  # what the Trainer's model handed to the "dash" attention
+        seen.append((query.device.type, torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")))
+        return dash_fn(module, query, *args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, "dash", recording)
+    steps, seq_len, layers = 20, 1024, 4
+    data = stdlib_corpus(seq_len * 4 * steps * 2)
+    shape = dict(gpu=True, steps=steps, seq_len=seq_len, hidden=256, heads=4, kv_heads=2, layers=layers)
+    losses_a = trainer_run(tmp_path / "a", data, **shape)
+    losses_b = trainer_run(tmp_path / "b", data, **shape)
+    # CUDA inputs under bf16 autocast: the dash attention casts q/k/v to bf16 and runs the Triton kernels.
+    assert seen and set(seen) == {("cuda", torch.bfloat16)} and len(seen) == 2 * steps * layers
+    assert dash_plugin.ops.kernel_path(torch.zeros(1, device="cuda", dtype=torch.bfloat16)) == "triton"
+    resolved = dash_plugin.last_resolved()
+    assert resolved is not None and resolved.deterministic, resolved
+    print(resolved.describe())
+    assert len(losses_a) == steps and losses_a == losses_b
+    cmp = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert cmp.identical, cmp.report()
+    print(cmp.verdict())
+    steps_a = read_jsonl(tmp_path / "a" / "steps.jsonl")
+    assert len(set(losses_a)) > steps // 2 and steps_a[0]["params"] != steps_a[-1]["params"]  # it trained

@@ -3,6 +3,7 @@
     dash-repro demo                         tiny model twice on the CPU (+ the atomic schedule on a GPU)
     dash-repro run --size tiny --steps 30   the same training twice, in separate processes, then compare
     dash-repro run --launch "accelerate launch --num_processes 2" --size small   the same with DDP
+    dash-repro run --parallel --devices 0,1 --size base   both runs at once, run1 on GPU 0, run2 on GPU 1
     dash-repro compare RUN_A RUN_B          the first step where two runs differ, and which tensors
     dash-repro plot RUN_A RUN_B -o loss.png both loss curves and their difference
 
@@ -68,17 +69,31 @@ def build_command(script: Path, train_args: list[str], out: Path, launch: str | 
     return [*prefix, str(script), *train_args, "--out", str(out)]
 
 
+def parse_devices(value: str | None, runs: int) -> list[str] | None:
+    """--devices "0,1" -> ["0", "1"]: the CUDA_VISIBLE_DEVICES of each run, one entry per run."""
+    if value is None:
+        return None
+    devices = [d.strip() for d in value.split(",")]
+    if len(devices) != runs or not all(devices):
+        raise RunFailed(f"--devices={value!r} is not allowed; pass one device per run ({runs}), comma-separated, "
+                        f"e.g. --devices 0,1 (run1 on GPU 0, run2 on GPU 1)")
+    return devices
+
+
 def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, parallel: bool = False,
-                 desc: str = "", launch: str | None = None) -> None:
+                 desc: str = "", launch: str | None = None, devices: list[str] | None = None) -> None:
     """Run the training script once per output directory, with identical arguments, showing progress.
 
     Each run is a fresh Python process (nothing cached in memory is shared), with its output in
-    OUT/train.log. Raises RunFailed with the log's tail if a run fails.
+    OUT/train.log. `devices` gives each run its own CUDA_VISIBLE_DEVICES (one entry per run), so parallel
+    runs can train on different GPUs. Raises RunFailed with the log's tail if a run fails.
     """
     from tqdm import tqdm
 
     if any(a == "--out" or a.startswith("--out=") for a in train_args):
         raise RunFailed("do not pass --out to the training: dash-repro chooses one directory per run")
+    if devices is not None and len(devices) != len(out_dirs):
+        raise RunFailed(f"devices={devices} gives {len(devices)} devices for {len(out_dirs)} runs")
     total = _steps_in(train_args)
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")  # the same string hashing in every run
@@ -94,10 +109,14 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
                     (d / stale).unlink(missing_ok=True)  # a failed rerun must not leave old results
                 log = open(d / "train.log", "w")
                 cmd = build_command(script, train_args, d, launch)
-                log.write("$ " + " ".join(cmd) + "\n")
+                run_env, shown = env, ""
+                if devices is not None:
+                    run_env = {**env, "CUDA_VISIBLE_DEVICES": devices[i]}
+                    shown = f"CUDA_VISIBLE_DEVICES={devices[i]} "
+                log.write("$ " + shown + " ".join(cmd) + "\n")
                 log.flush()
                 # Own process group: a launcher's workers (accelerate launch) can be stopped with it.
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env,
                                         start_new_session=True)
                 running.append((i, d, proc, log))
                 bars[i] = tqdm(total=total, desc=f"{desc}{d.name}", unit="step", position=i, leave=True,
@@ -128,9 +147,10 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
 
 
 def run_twice(train_args, out: Path, *, script: Path, parallel: bool = False, desc: str = "",
-              launch: str | None = None):
+              launch: str | None = None, devices: list[str] | None = None):
     dirs = [out / "run1", out / "run2"]
-    run_training(list(train_args), dirs, script=script, parallel=parallel, desc=desc, launch=launch)
+    run_training(list(train_args), dirs, script=script, parallel=parallel, desc=desc, launch=launch,
+                 devices=devices)
     return compare_runs(dirs[0], dirs[1])
 
 
@@ -140,7 +160,12 @@ def cmd_run(args, train_args) -> int:
     script = find_script(args.script)
     if args.launch and args.parallel:
         raise RunFailed("--parallel with --launch would put two multi-process runs on the same devices")
-    cmp = run_twice(train_args, Path(args.out), script=script, parallel=args.parallel, launch=args.launch)
+    if args.launch and args.devices:
+        raise RunFailed("--devices gives each run one entry of CUDA_VISIBLE_DEVICES; with --launch set "
+                        "CUDA_VISIBLE_DEVICES for the launcher instead")
+    devices = parse_devices(args.devices, 2)
+    cmp = run_twice(train_args, Path(args.out), script=script, parallel=args.parallel, launch=args.launch,
+                    devices=devices)
     print(cmp.report())
     if args.plot:
         from dash_plugin.repro.plot import plot_runs
@@ -219,6 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="dash-repro-run", help="directory for run1/ and run2/ (default %(default)s)")
     r.add_argument("--script", default=None, help="training script (default: examples/train_accelerate.py)")
     r.add_argument("--parallel", action="store_true", help="run both at once (give each --threads on the CPU)")
+    r.add_argument("--devices", default=None, metavar="D1,D2",
+                   help="CUDA_VISIBLE_DEVICES of run1 and run2, e.g. 0,1: run1 on GPU 0, run2 on GPU 1 "
+                        "(with --parallel both train at once, one per GPU)")
     r.add_argument("--plot", action="store_true", help="also write OUT/loss.png")
     r.add_argument("--launch", default=None, metavar="CMD",
                    help='launcher instead of python, e.g. "accelerate launch --num_processes 2" (DDP/FSDP)')
