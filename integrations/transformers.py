@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib.abc
 import sys
 import threading
+import weakref
 
 import torch
 
@@ -373,7 +374,24 @@ def _trim_unused_cache(k, v, position_ids, q_len):
     return k, v
 
 
+_PACKED_CACHE = threading.local()
+
+
 def _packed_from_position_ids(position_ids, batch, q_len):
+    """`_find_packed_sequences`, once per ``position_ids`` tensor: every layer of a forward gets the
+    same tensor, and the answer needs a host sync, so the layers after the first reuse it."""
+    if position_ids is None or not isinstance(position_ids, torch.Tensor):
+        return None
+    key = (position_ids._version, batch, q_len)
+    last = getattr(_PACKED_CACHE, "entry", None)
+    if last is not None and last[0]() is position_ids and last[1] == key:
+        return last[2]
+    found = _find_packed_sequences(position_ids, batch, q_len)
+    _PACKED_CACHE.entry = (weakref.ref(position_ids), key, found)
+    return found
+
+
+def _find_packed_sequences(position_ids, batch, q_len):
     """``(cu_seqlens, max_seqlen)`` when ``position_ids`` mark several sequences, else ``None``.
 
     A sequence is a run of consecutive positions (each one more than the one before), and every row

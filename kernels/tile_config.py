@@ -30,7 +30,7 @@ class BwdConfig:
 
 
 # Hopper (sm90) and anything newer/older that has no row of its own. Keys: padded head dim.
-# Rows from scripts/gpu_tune.py on an H200 (docs/benchmarks/tune-h200-2.json, with SDPA cuDNN
+# Rows from scripts/gpu_tune.py on an H200 (docs/benchmarks/tune-h200-1.json and -2.json, SDPA cuDNN
 # timed beside them); the history is in docs/benchmarks/NOTES.md.
 _FWD_SM90 = {
     32: FwdConfig(128, 64, 4, 3),
@@ -49,13 +49,20 @@ _BWD_SM90 = {
 }
 # `split`: the KV kernel without dQ, and the Q-stationary dQ kernel. No cross-program
 # reduction, so these tiles may differ from the ones above without changing any rank.
+# tune-h200-2.json sweeps each with the other at its old row (64x64, 4 warps, 2 stages).
 _SPLIT_KV_SM90 = {
     32: BwdConfig(64, 64, 4, 3),
-    64: BwdConfig(64, 64, 4, 3),
-    128: BwdConfig(64, 64, 4, 2),     # 374 full 8k, 337 causal 8k (64x128/8 warps: 304 / 277)
+    64: BwdConfig(64, 64, 4, 3),      # 330 TFLOP/s full 2k
+    128: BwdConfig(64, 128, 8, 2),    # 351 causal 8k, 374 full 8k, 273 causal 2k (64x64/4: 337/376/264)
     256: BwdConfig(32, 64, 8, 1),
 }
-_SPLIT_DQ_SM90 = dict(_SPLIT_KV_SM90)
+# Q-stationary like the forward: 128-row tiles at 8 warps win at every point swept.
+_SPLIT_DQ_SM90 = {
+    32: BwdConfig(128, 64, 8, 3),
+    64: BwdConfig(128, 64, 8, 3),     # 342 full 2k (64x64/4: 320)
+    128: BwdConfig(128, 64, 8, 3),    # 335 causal 8k, 400 full 8k, 273 causal 2k (64x64/4: 323/368/269)
+    256: BwdConfig(32, 64, 8, 1),
+}
 
 # Under TRITON_INTERPRET=1 (CPU CI): small tiles so that tiny test shapes still span several
 # tiles (multi-tile online softmax, several dQ contributors, ragged last tiles).

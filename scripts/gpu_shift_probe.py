@@ -1,6 +1,6 @@
-"""Probe: where does the causal symmetric shift stall on the GPU? Runs the two-segment shift
-tables (the RuntimeWarning fallback bypassed) under DASH_DEBUG_WAITS=1, so a stuck wait becomes
-a StuckWaitError naming the dQ tile, the rank and the counter value, and prints the tables of
+"""Regression probe for the causal symmetric shift, which stalled on the GPU in the first kernel
+build: runs the two-segment shift tables under DASH_DEBUG_WAITS=1, so a stuck wait becomes a
+StuckWaitError naming the dQ tile, the rank and the counter value, and then prints the tables of
 the worker that gave up. Each case runs in its own process with a watchdog."""
 import os
 import subprocess

@@ -60,8 +60,10 @@ run_step() {
 # out of timeout's reach if their parent could not stop them. Stop the GPU processes left behind, by PID, so
 # the next step gets idle GPUs (every GPU process on this machine was started by this script).
 stop_leftovers() {
-  local pids
-  pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
+  local pids ids=()
+  # With a side job on GPU 1 (SIDE_GPU1), only GPU 0's processes are this step's.
+  [[ -n "${SIDE_PID:-}" ]] && ids=(--id=0)
+  pids=$(nvidia-smi "${ids[@]}" --query-compute-apps=pid --format=csv,noheader 2>/dev/null | tr -d ' ')
   [[ -z "$pids" ]] && return 0
   echo "GPU processes left after the timeout, stopped: $pids" | tee -a "$LOG"
   for pid in $pids; do kill -9 "$pid" 2>/dev/null; done
@@ -139,12 +141,22 @@ if want b; then
   grep -E "^(PASSED|FAILED|ERROR|SKIPPED)" "$WORK/last.out" | sed 's/^/    /' | tee -a "$SUM" > /dev/null
 fi
 
+# ------------------------------------------------------------------------------------------ side job
+# SIDE_GPU1="cmd": after the two-GPU step, run cmd in the background on GPU 1 (e.g. the benchmark)
+# while steps c-e use GPU 0 only (then set C_DEVICES=0,0); its output goes to checks.log at the end.
+if [[ -n "${SIDE_GPU1:-}" ]]; then
+  section "side job on GPU 1: $SIDE_GPU1"
+  ( CUDA_VISIBLE_DEVICES=1 timeout -s INT -k 20 $(( BUDGET - $(elapsed) - 15 )) bash -c "$SIDE_GPU1" \
+      > "$WORK/side_gpu1.log" 2>&1; echo "[side job exit $?]" >> "$WORK/side_gpu1.log" ) &
+  SIDE_PID=$!
+fi
+
 # ------------------------------------------------------------------------------------------ c) 200 steps at 4k
 if want c; then
-  section "c) seqlen ${C_SEQ:-4096}, two runs in parallel on GPU 0 and GPU 1"
+  section "c) seqlen ${C_SEQ:-4096}, two runs in parallel (CUDA_VISIBLE_DEVICES ${C_DEVICES:-0,1})"
   C_ARGS=(--size "${C_SIZE:-base}" --seq-len "${C_SEQ:-4096}" --batch-size "${C_BATCH:-4}")
   rm -rf "$WORK/det4k" "$WORK/atomic4k"
-  run_step 240 "$PY" -m dash_plugin.repro run --parallel --devices 0,1 --out "$WORK/det4k" "${C_ARGS[@]}" \
+  run_step 240 "$PY" -m dash_plugin.repro run --parallel --devices "${C_DEVICES:-0,1}" --out "$WORK/det4k" "${C_ARGS[@]}" \
     --steps "${C_STEPS:-200}"
   rc=$?
   verdict "c) ${C_ARGS[*]} --steps ${C_STEPS:-200}, deterministic (auto), run1 on GPU 0 / run2 on GPU 1: $(grep -E '^(IDENTICAL|DIFFERENT)' "$WORK/last.out" | tail -1)" $rc
@@ -154,11 +166,11 @@ if want c; then
     rc=$?
     say "    dash-repro compare run1 run2 (exit $rc): $(tail -1 "$WORK/last.out")"
     run_step 60 "$PY" -m dash_plugin.repro plot "$WORK/det4k/run1" "$WORK/det4k/run2" -o "$OUT/repro_det_4k.png" \
-      --title "${C_SIZE:-base}, seqlen ${C_SEQ:-4096}, deterministic: GPU 0 vs GPU 1"
+      --title "${C_SIZE:-base}, seqlen ${C_SEQ:-4096}, deterministic: run1 vs run2 (GPUs ${C_DEVICES:-0,1})"
     verdict "c) plot repro_det_4k.png" $?
   fi
 
-  run_step 120 "$PY" -m dash_plugin.repro run --parallel --devices 0,1 --out "$WORK/atomic4k" "${C_ARGS[@]}" \
+  run_step 120 "$PY" -m dash_plugin.repro run --parallel --devices "${C_DEVICES:-0,1}" --out "$WORK/atomic4k" "${C_ARGS[@]}" \
     --steps "${C_ATOMIC_STEPS:-20}" --schedule atomic
   rc=$?
   first=$(grep -E '^(IDENTICAL|DIFFERENT)' "$WORK/last.out" | tail -1)
@@ -169,7 +181,7 @@ if want c; then
   esac
   if [[ -s "$WORK/atomic4k/run1/steps.jsonl" && -s "$WORK/atomic4k/run2/steps.jsonl" ]]; then
     run_step 60 "$PY" -m dash_plugin.repro plot "$WORK/atomic4k/run1" "$WORK/atomic4k/run2" \
-      -o "$OUT/repro_atomic_4k.png" --title "${C_SIZE:-base}, seqlen ${C_SEQ:-4096}, atomic: GPU 0 vs GPU 1"
+      -o "$OUT/repro_atomic_4k.png" --title "${C_SIZE:-base}, seqlen ${C_SEQ:-4096}, atomic: run1 vs run2 (GPUs ${C_DEVICES:-0,1})"
     verdict "c) plot repro_atomic_4k.png" $?
   fi
 fi
@@ -191,6 +203,13 @@ if want e; then
   run_step 240 env CUDA_VISIBLE_DEVICES=0 "$PY" scripts/gpu_e2e_speed.py "$OUT"
   verdict "e) scripts/gpu_e2e_speed.py -> e2e_speed.json / e2e_speed.md" $?
   grep -E "^seqlen .*(ms/step|unavailable|failed|oom|within 3%)" "$WORK/last.out" | sed 's/^/    /' >> "$SUM"
+fi
+
+if [[ -n "${SIDE_PID:-}" ]]; then
+  section "waiting for the side job on GPU 1"
+  wait "$SIDE_PID"
+  cat "$WORK/side_gpu1.log" >> "$LOG"
+  say "side job on GPU 1: $(tail -1 "$WORK/side_gpu1.log")"
 fi
 
 section "done"
