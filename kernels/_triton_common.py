@@ -92,6 +92,16 @@ def problem(q, k, v, cu_seqlens_q, cu_seqlens_k) -> Problem:
     return Problem(False, b, hq, hkv, d, sq, sk, [sq] * b, [sk] * b, ar * 0, ar * 0)
 
 
+# CUDA caps grid axes 1 and 2 at 65535 blocks; the sequence is axis 2, so a batch of more
+# sequences is launched in chunks (each kernel adds the chunk's first sequence to its axis-2 id).
+MAX_GRID_SEQS = 65535
+
+
+def seq_chunks(batch: int):
+    """(first sequence, count) of each launch covering ``batch`` sequences."""
+    return [(b, min(MAX_GRID_SEQS, batch - b)) for b in range(0, batch, MAX_GRID_SEQS)]
+
+
 def as4d(t: torch.Tensor, varlen: bool) -> torch.Tensor:
     """(T, H, D) -> (1, T, H, D); dense tensors unchanged."""
     return t.unsqueeze(0) if varlen else t

@@ -26,6 +26,7 @@ run cyclic waits, so there the kernel skips waiting (NO_WAIT) and only correctne
 """
 import heapq
 import os
+import warnings
 
 import torch
 import triton
@@ -33,7 +34,7 @@ import triton.language as tl
 
 from . import tile_config
 from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interior_rows, interpreting, problem,
-                             row_range, seq_bounds, stats_strides, strides4, tanh, visible)
+                             row_range, seq_bounds, seq_chunks, stats_strides, strides4, tanh, visible)
 from .attn_fwd import _check_common, mask_params
 from .philox import dropout_threshold
 
@@ -45,13 +46,13 @@ _MODE = {"atomic": 0, "ordered": 1, "split": 2}
 # ---------------------------------------------------------------- preprocess
 
 @triton.jit
-def _bwd_preprocess(O, DO, DELTA, CU_Q, seqlen_q_dense, head_dim,
+def _bwd_preprocess(O, DO, DELTA, CU_Q, seq_base, seqlen_q_dense, head_dim,
                     stride_ob, stride_os, stride_oh, stride_db, stride_ds, stride_dh,
                     stride_lb, stride_lh, stride_ls,
                     VARLEN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
-    b = tl.program_id(2)
+    b = tl.program_id(2) + seq_base   # launches cover at most MAX_GRID_SEQS sequences
     q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
@@ -191,7 +192,7 @@ def _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
 def _bwd_kv_kernel(
     Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR,
     T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK,
-    seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
+    seq_base, seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
     window_left, window_right, max_polls,
     seqlen_q_dense, seqlen_k_dense, group, head_dim, heads_q, num_m_max,
     stride_qb, stride_qs, stride_qh,
@@ -209,7 +210,7 @@ def _bwd_kv_kernel(
 ):
     pid = tl.program_id(0)
     hk = tl.program_id(1)
-    b = tl.program_id(2)
+    b = tl.program_id(2) + seq_base   # launches cover at most MAX_GRID_SEQS sequences
     q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
     k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
     b64 = b.to(tl.int64)
@@ -352,7 +353,7 @@ def _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows
 @triton.jit
 def _bwd_dq_kernel(
     Q, K, V, DO, DQ, LSE, DELTA, CU_Q, CU_K,
-    seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
+    seq_base, seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
     window_left, window_right,
     seqlen_q_dense, seqlen_k_dense, group, head_dim,
     stride_qb, stride_qs, stride_qh,
@@ -367,7 +368,7 @@ def _bwd_dq_kernel(
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
-    b = tl.program_id(2)
+    b = tl.program_id(2) + seq_base   # launches cover at most MAX_GRID_SEQS sequences
     q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
     k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
     m0 = pid_m * BLOCK_M
@@ -449,6 +450,10 @@ def launch_order(num_workers: int, q_tile: torch.Tensor, rank: torch.Tensor) -> 
 
 
 _TABLE_CACHE = {}
+# The two-segment causal shift finishes on small grids but stalled on the H200 at B=32, H=16,
+# S=512 (docs/benchmarks/NOTES.md); until the cause is found the GPU runs the descending tables
+# instead. scripts/gpu_shift_probe.py sets this to run the real tables.
+_ALLOW_SYMMETRIC_SHIFT = False
 
 
 def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
@@ -458,12 +463,20 @@ def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
     dense = not pb.varlen
     lq = [pb.seqlens_q[0]] if dense else list(pb.seqlens_q)
     lk = [pb.seqlens_k[0]] if dense else list(pb.seqlens_k)
-    key = (schedule, tuple(lq), tuple(lk), cfg.block_m, cfg.block_n, causal, wl, wr, str(device))
+    key = (schedule, tuple(lq), tuple(lk), cfg.block_m, cfg.block_n, causal, wl, wr, str(device),
+           _ALLOW_SYMMETRIC_SHIFT)
     hit = _TABLE_CACHE.get(key)
     if hit is not None:
         return hit
     t = kernel_tables(schedule, seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
                       causal=causal, window_left=wl, window_right=wr)
+    if (not interpreting() and not _ALLOW_SYMMETRIC_SHIFT
+            and any(str(v).startswith("shift-symmetric") for v in t.variants)):
+        warnings.warn("schedule='shift' with a causal mask runs the 'descending' order on the GPU for now: the "
+                      "symmetric causal shift can stall on large grids (docs/benchmarks/NOTES.md)",
+                      RuntimeWarning, stacklevel=3)
+        t = kernel_tables("descending", seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
+                          causal=causal, window_left=wl, window_right=wr)
     nb, w_max = t.seg_kv.shape[0], t.seg_kv.shape[1]
     perm = torch.zeros((nb, max(w_max, 1)), dtype=torch.int32)
     for b in range(nb):
@@ -553,10 +566,11 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
 
     delta = torch.empty_like(lse)
     grid_m = triton.cdiv(pb.max_seqlen_q, cfg.block_m)
-    _bwd_preprocess[(grid_m, pb.heads_q, pb.batch)](
-        out, dout, delta, pb.cu_q, pb.max_seqlen_q, pb.head_dim,
-        *strides4(out, varlen), *strides4(dout, varlen), *stats_strides(delta, varlen),
-        VARLEN=varlen, BLOCK_M=cfg.block_m, BLOCK_D=block_d)
+    for base, count in seq_chunks(pb.batch):
+        _bwd_preprocess[(grid_m, pb.heads_q, count)](
+            out, dout, delta, pb.cu_q, base, pb.max_seqlen_q, pb.head_dim,
+            *strides4(out, varlen), *strides4(dout, varlen), *stats_strides(delta, varlen),
+            VARLEN=varlen, BLOCK_M=cfg.block_m, BLOCK_D=block_d)
 
     common = (seed, dropout_threshold(dropout_p), float(softmax_scale), float(softmax_scale) * LOG2E,
               float(softcap), 1.0 / (1.0 - float(dropout_p)), wl, wr)
@@ -596,22 +610,26 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
         grid0 = triton.cdiv(pb.max_seqlen_k, cfg.block_n)
         t_dims = (0, 1, 1)
 
-    _bwd_kv_kernel[(grid0, pb.heads_kv, pb.batch)](
-        q, k, v, dout, dk, dv, dqa, lse, delta, pb.cu_q, pb.cu_k, sem, err if debug else sem, *t_args,
-        *common[:-2], wl, wr, max_polls, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim, pb.heads_q, grid_m,
-        *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
-        *strides4(dk, varlen), *strides4(dv, varlen), *strides4(dqa, varlen), *lse_strides,
-        *t_dims, MODE=mode, NO_WAIT=no_wait, DEBUG_WAITS=debug, **flags, **tiles(cfg))
+    # Waits never cross sequences, so each launch of a chunk of sequences is self-contained.
+    for base, count in seq_chunks(pb.batch):
+        _bwd_kv_kernel[(grid0, pb.heads_kv, count)](
+            q, k, v, dout, dk, dv, dqa, lse, delta, pb.cu_q, pb.cu_k, sem, err if debug else sem, *t_args,
+            base, *common[:-2], wl, wr, max_polls, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
+            pb.heads_q, grid_m,
+            *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
+            *strides4(dk, varlen), *strides4(dv, varlen), *strides4(dqa, varlen), *lse_strides,
+            *t_dims, MODE=mode, NO_WAIT=no_wait, DEBUG_WAITS=debug, **flags, **tiles(cfg))
     if debug:
         _raise_if_stuck(err, schedule, pb.group)   # a host sync, only in this debug mode
 
     if schedule == "split":
         dq_cfg = tile_config.bwd_config(q.dtype, pb.head_dim, interpret=interp, kernel="split_dq")
-        _bwd_dq_kernel[(triton.cdiv(pb.max_seqlen_q, dq_cfg.block_m), pb.heads_q, pb.batch)](
-            q, k, v, dout, dq, lse, delta, pb.cu_q, pb.cu_k,
-            *common, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
-            *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
-            *strides4(dq, varlen), *lse_strides, **flags, **tiles(dq_cfg))
+        for base, count in seq_chunks(pb.batch):
+            _bwd_dq_kernel[(triton.cdiv(pb.max_seqlen_q, dq_cfg.block_m), pb.heads_q, count)](
+                q, k, v, dout, dq, lse, delta, pb.cu_q, pb.cu_k,
+                base, *common, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
+                *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
+                *strides4(dq, varlen), *lse_strides, **flags, **tiles(dq_cfg))
         return dq, dk, dv
     # postprocess: one rounding of the fp32 accumulator to the input dtype.
     return dqa.to(q.dtype), dk, dv

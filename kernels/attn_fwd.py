@@ -13,7 +13,7 @@ import triton.language as tl
 
 from . import tile_config
 from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interpreting, problem, seq_bounds,
-                             stats_strides, strides4, tanh, visible)
+                             seq_chunks, stats_strides, strides4, tanh, visible)
 from .philox import dropout_threshold
 
 
@@ -68,7 +68,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, n_f
 @triton.jit
 def _fwd_kernel(
     Q, K, V, O, LSE, CU_Q, CU_K,
-    seed, drop_threshold, scale_log2, softcap, inv_keep,
+    seq_base, seed, drop_threshold, scale_log2, softcap, inv_keep,
     window_left, window_right,
     seqlen_q_dense, seqlen_k_dense, group, head_dim,
     stride_qb, stride_qs, stride_qh,
@@ -82,7 +82,7 @@ def _fwd_kernel(
 ):
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
-    b = tl.program_id(2)
+    b = tl.program_id(2) + seq_base   # launches cover at most MAX_GRID_SEQS sequences
     q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
     k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
     num_m = tl.cdiv(seqlen_q, BLOCK_M)
@@ -182,18 +182,18 @@ def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seql
     if pb.max_seqlen_q == 0 or pb.batch == 0:
         return out.zero_(), lse.fill_(float("inf"))
 
-    grid = (triton.cdiv(pb.max_seqlen_q, cfg.block_m), pb.heads_q, pb.batch)
-    _fwd_kernel[grid](
-        q, k, v, out, lse, pb.cu_q, pb.cu_k,
-        int(seed), dropout_threshold(dropout_p), float(softmax_scale) * LOG2E, float(softcap),
-        1.0 / (1.0 - float(dropout_p)),
-        wl, wr,
-        pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
-        *strides4(q, pb.varlen), *strides4(k, pb.varlen), *strides4(v, pb.varlen), *strides4(out, pb.varlen),
-        *stats_strides(lse, pb.varlen),
-        VARLEN=pb.varlen, HAS_WL=wl >= 0, HAS_WR=wr >= 0,
-        SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0, REVERSE_M=wr >= 0, EVEN_D=block_d == pb.head_dim,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    for base, count in seq_chunks(pb.batch):
+        _fwd_kernel[(triton.cdiv(pb.max_seqlen_q, cfg.block_m), pb.heads_q, count)](
+            q, k, v, out, lse, pb.cu_q, pb.cu_k, base,
+            int(seed), dropout_threshold(dropout_p), float(softmax_scale) * LOG2E, float(softcap),
+            1.0 / (1.0 - float(dropout_p)),
+            wl, wr,
+            pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
+            *strides4(q, pb.varlen), *strides4(k, pb.varlen), *strides4(v, pb.varlen), *strides4(out, pb.varlen),
+            *stats_strides(lse, pb.varlen),
+            VARLEN=pb.varlen, HAS_WL=wl >= 0, HAS_WR=wr >= 0,
+            SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0, REVERSE_M=wr >= 0, EVEN_D=block_d == pb.head_dim,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     return out, lse

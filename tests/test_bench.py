@@ -295,6 +295,21 @@ def test_auto_table_ignores_nondeterministic_cells():
         autotable.write_auto_table(res, "unused.py")
 
 
+def test_auto_table_counts_dash_auto_as_the_schedule_it_ran():
+    """A run that leaves out dash-split (dash-auto already runs it) still offers split: the auto cell
+    measured it. Only for a schedule without its own column, and only if the cell was deterministic."""
+    res = _synthetic_results()
+    res["cells"] = [c for c in res["cells"] if c["impl"] != "dash-split"]
+    auto_cell = next(c for c in res["cells"] if c["impl"] == "dash-auto" and c["point"] == "hdim128-causal-s16384")
+    auto_cell.update(schedule_resolved="split", bwd_tflops=999.0, deterministic=True)
+    rules = autotable.derive_auto_table(res)["rules"]
+    causal = [r for r in rules if r["mask"] == "causal"]
+    assert [r["schedule"] for r in causal] == ["split"] and causal[0]["measured"]["16384"]["split"] == 999.0
+    auto_cell["deterministic"] = False
+    assert [r["schedule"] for r in autotable.derive_auto_table(res)["rules"] if r["mask"] == "causal"] == [
+        "descending"]
+
+
 # ---------------------------------------------------------------------------- CLI
 def test_cli_tiny_cpu_run_end_to_end(tmp_path, capsys):
     out = tmp_path / "out"

@@ -110,6 +110,39 @@ def test_varlen_matches_reference_including_empty_sequences():
     _check(q, k, v, do, kw, ("ascending", "split"), torch.float32)
 
 
+@pytest.mark.parametrize("varlen", [True, False], ids=["varlen", "dense"])
+def test_batches_beyond_the_grid_limit_launch_in_chunks(monkeypatch, varlen):
+    """CUDA allows 65535 blocks on the sequence axis; more sequences go out in several launches. With
+    the limit lowered to 2, five sequences take three launches and give the one-launch bits."""
+    from dash_plugin.kernels import _triton_common
+
+    g = torch.Generator().manual_seed(8)
+    lens = [7, 1, 20, 0, 13] if varlen else [16] * 5
+    q = torch.randn(sum(lens), 2, 32, generator=g)
+    k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
+    kw = dict(softmax_scale=0.2, causal=True, dropout_p=0.1, seed=5)
+    if varlen:
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+        kw.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+    else:
+        q, k, v, do = (t.view(5, 16, 2, 32) for t in (q, k, v, do))
+
+    def run():
+        out, lse = attn_fwd.attention_forward(q, k, v, **kw)
+        grads = [attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=s, **kw)
+                 for s in ("split", "ascending", "descending")]
+        return [out, lse] + [t for g3 in grads for t in g3]
+
+    one_launch = run()
+    monkeypatch.setattr(_triton_common, "MAX_GRID_SEQS", 2)
+    assert _triton_common.seq_chunks(5) == [(0, 2), (2, 2), (4, 1)]
+    chunked = run()
+    assert all(torch.equal(a, b) for a, b in zip(one_launch, chunked))
+    ref, _ = reference.attention_forward(q.double(), k.double(), v.double(),
+                                         **{n: x for n, x in kw.items() if not n.startswith("max_")})
+    assert _rel(chunked[0], ref) < 1e-5
+
+
 def test_dropout_mask_is_the_reference_mask():
     """Same seed gives the reference's output; another seed gives a different one."""
     shape = (1, 32, 32, 1, 1, 32)

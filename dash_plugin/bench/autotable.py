@@ -47,6 +47,13 @@ def _winner(cells: dict, point_key: str) -> tuple[Optional[str], dict]:
         value = ok_value(cells, point_key, name, "bwd_tflops")
         if value is not None and cells[(point_key, name)].get("deterministic") is True:
             measured[schedule] = round(value, 1)
+    # A run may leave out a schedule's own column because dash-auto already runs it: the auto
+    # cell then measures the schedule it resolved to.
+    auto = cells.get((point_key, "dash-auto"))
+    value = ok_value(cells, point_key, "dash-auto", "bwd_tflops")
+    if (value is not None and auto.get("deterministic") is True and auto.get("schedule_resolved") in CANDIDATES
+            and auto["schedule_resolved"] not in measured):
+        measured[auto["schedule_resolved"]] = round(value, 1)
     if not measured:
         return None, measured
     best = max(measured.values())
