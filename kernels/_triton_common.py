@@ -34,7 +34,7 @@ class Problem:
     max_seqlen_k: int
     seqlens_q: list            # per sequence (dense: one entry repeated)
     seqlens_k: list
-    cu_q: torch.Tensor         # int32 (B+1,) on the device; dense: arange * S
+    cu_q: torch.Tensor         # int32 (B+1,) on the device; dense: a placeholder the kernels never read
     cu_k: torch.Tensor
 
     @property
@@ -88,8 +88,21 @@ def problem(q, k, v, cu_seqlens_q, cu_seqlens_k) -> Problem:
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
     b, sq, sk = q.shape[0], q.shape[1], k.shape[1]
-    ar = torch.arange(b + 1, device=q.device, dtype=torch.int32)
-    return Problem(False, b, hq, hkv, d, sq, sk, [sq] * b, [sk] * b, ar * 0, ar * 0)
+    unused = placeholder(q.device)
+    return Problem(False, b, hq, hkv, d, sq, sk, [sq] * b, [sk] * b, unused, unused)
+
+
+_PLACEHOLDERS = {}
+
+
+def placeholder(device) -> torch.Tensor:
+    """A one-element int32 tensor per device for pointer arguments a launch never reads (dense
+    calls' cu_seqlens, the semaphores of unordered modes): made once, not per call, because at
+    short sequences the host side of a call is what bounds it."""
+    t = _PLACEHOLDERS.get(device)
+    if t is None:
+        t = _PLACEHOLDERS[device] = torch.zeros(1, device=device, dtype=torch.int32)
+    return t
 
 
 # CUDA caps grid axes 1 and 2 at 65535 blocks; the sequence is axis 2, so a batch of more

@@ -34,7 +34,8 @@ import triton.language as tl
 
 from . import tile_config
 from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interior_rows, interpreting, problem,
-                             row_range, seq_bounds, seq_chunks, stats_strides, strides4, tanh, visible)
+                             placeholder, row_range, seq_bounds, seq_chunks, stats_strides, strides4, tanh,
+                             visible)
 from .attn_fwd import _check_common, mask_params
 from .philox import dropout_threshold
 
@@ -605,7 +606,7 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
         grid0 = max(tabs["max_workers"], 1)
         t_dims = (t_stride_b, max(tabs["max_workers"], 1), tabs["max_steps"])
     else:
-        sem = torch.zeros(1, device=q.device, dtype=torch.int32)
+        sem = placeholder(q.device)   # never read or written outside the ordered mode
         t_args = (sem,) * 6
         grid0 = triton.cdiv(pb.max_seqlen_k, cfg.block_n)
         t_dims = (0, 1, 1)
