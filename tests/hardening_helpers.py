@@ -262,6 +262,23 @@ def stuck_rank_tables(tabs, row=None, bump=1000):
     return out, info
 
 
+def inject_stuck_wait(monkeypatch, attn_bwd, polls):
+    """Turn on DASH_DEBUG_WAITS with `polls` polls and make every backward's tables carry one wait that
+    can never be satisfied (`stuck_rank_tables`). Returns the dict that receives the injected wait's facts."""
+    monkeypatch.setenv("DASH_DEBUG_WAITS", "1")
+    monkeypatch.setenv("DASH_DEBUG_WAIT_POLLS", str(polls))
+    real = attn_bwd._device_tables
+    injected = {}
+
+    def with_stuck_wait(*args, **kwargs):
+        tabs, info = stuck_rank_tables(real(*args, **kwargs))
+        injected.update(info)
+        return tabs
+
+    monkeypatch.setattr(attn_bwd, "_device_tables", with_stuck_wait)
+    return injected
+
+
 def check_stuck_message(message, info, sequence=None):
     """The StuckWaitError message names the dQ tile, the rank waited for, the counter value seen (the
     injected wait's own rank: every earlier contributor has added), the waiting program's KV tile and,

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from tests.hardening_helpers import (bitwise_equal, check_stuck_message, dense_inputs, stuck_rank_tables,
+from tests.hardening_helpers import (bitwise_equal, check_stuck_message, dense_inputs, inject_stuck_wait,
                                      varlen_inputs)
 
 pytest.importorskip("triton")
@@ -57,17 +57,8 @@ def test_stuck_wait_raises_with_tile_and_rank(monkeypatch, schedule, layout):
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
     plain = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
 
-    monkeypatch.setenv("DASH_DEBUG_WAITS", "1")
-    monkeypatch.setenv("DASH_DEBUG_WAIT_POLLS", POLLS)
     real = attn_bwd._device_tables
-    injected = {}
-
-    def with_stuck_wait(*args, **kwargs):
-        tabs, info = stuck_rank_tables(real(*args, **kwargs))
-        injected.update(info)
-        return tabs
-
-    monkeypatch.setattr(attn_bwd, "_device_tables", with_stuck_wait)
+    injected = inject_stuck_wait(monkeypatch, attn_bwd, POLLS)
     with pytest.raises(attn_bwd.StuckWaitError) as err:
         attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
     message = str(err.value)

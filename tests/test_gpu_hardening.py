@@ -25,7 +25,7 @@ import torch
 
 from tests.hardening_helpers import (LoadProcess, api_hashes, bitwise_equal, build_case, check_stuck_message,
                                      count_mismatching_passes, dense_inputs, hang_guard, hashes_in_fresh_process,
-                                     record, stuck_rank_tables, varlen_inputs)
+                                     inject_stuck_wait, record, varlen_inputs)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -125,17 +125,8 @@ def test_stuck_wait_raises_with_tile_and_rank(monkeypatch):
     kw = dict(softmax_scale=64 ** -0.5, causal=True)
     out, lse, plain = forward_backward(q, k, v, do, kw, "ascending")
 
-    monkeypatch.setenv("DASH_DEBUG_WAITS", "1")
-    monkeypatch.setenv("DASH_DEBUG_WAIT_POLLS", "100000")
     real = attn_bwd._device_tables
-    injected = {}
-
-    def with_stuck_wait(*args, **kwargs):
-        tabs, info = stuck_rank_tables(real(*args, **kwargs))
-        injected.update(info)
-        return tabs
-
-    monkeypatch.setattr(attn_bwd, "_device_tables", with_stuck_wait)
+    injected = inject_stuck_wait(monkeypatch, attn_bwd, "100000")
     with hang_guard(120), pytest.raises(attn_bwd.StuckWaitError) as err:
         attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="ascending", **kw)
         torch.cuda.synchronize()
