@@ -451,10 +451,15 @@ def launch_order(num_workers: int, q_tile: torch.Tensor, rank: torch.Tensor) -> 
 
 
 _TABLE_CACHE = {}
-# The two-segment causal shift finishes on small grids but stalled on the H200 at B=32, H=16,
-# S=512 (docs/benchmarks/NOTES.md); until the cause is found the GPU runs the descending tables
-# instead. scripts/gpu_shift_probe.py sets this to run the real tables.
+# The two-segment causal shift finishes on small grids but stalled once on the H200 at B=32,
+# H=16, S=512 (docs/benchmarks/NOTES.md); until the cause is found the GPU runs the descending
+# tables instead. DASH_EXPERIMENTAL_SYMMETRIC_SHIFT=1 (read per call; best with DASH_DEBUG_WAITS=1)
+# or this flag (scripts/gpu_shift_probe.py) runs the real tables.
 _ALLOW_SYMMETRIC_SHIFT = False
+
+
+def _symmetric_shift_allowed() -> bool:
+    return _ALLOW_SYMMETRIC_SHIFT or os.environ.get("DASH_EXPERIMENTAL_SYMMETRIC_SHIFT", "0") == "1"
 
 
 def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
@@ -464,17 +469,19 @@ def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
     dense = not pb.varlen
     lq = [pb.seqlens_q[0]] if dense else list(pb.seqlens_q)
     lk = [pb.seqlens_k[0]] if dense else list(pb.seqlens_k)
+    allow_symmetric = _symmetric_shift_allowed()
     key = (schedule, tuple(lq), tuple(lk), cfg.block_m, cfg.block_n, causal, wl, wr, str(device),
-           _ALLOW_SYMMETRIC_SHIFT)
+           allow_symmetric)
     hit = _TABLE_CACHE.get(key)
     if hit is not None:
         return hit
     t = kernel_tables(schedule, seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
                       causal=causal, window_left=wl, window_right=wr)
-    if (not interpreting() and not _ALLOW_SYMMETRIC_SHIFT
+    if (not interpreting() and not allow_symmetric
             and any(str(v).startswith("shift-symmetric") for v in t.variants)):
         warnings.warn("schedule='shift' with a causal mask runs the 'descending' order on the GPU for now: the "
-                      "symmetric causal shift can stall on large grids (docs/benchmarks/NOTES.md)",
+                      "symmetric causal shift stalled once on an H200 (docs/benchmarks/NOTES.md); "
+                      "DASH_EXPERIMENTAL_SYMMETRIC_SHIFT=1 runs it anyway",
                       RuntimeWarning, stacklevel=3)
         t = kernel_tables("descending", seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
                           causal=causal, window_left=wl, window_right=wr)
