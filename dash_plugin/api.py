@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from . import checks, config, ops  # noqa: F401  (ops registers torch.ops.dash.*)
+from . import checks, config, ops
 
 
 def _concrete_schedule(resolved: config.ResolvedConfig, *, causal, head_dim, seqlen_q, seqlen_k, window, varlen):
@@ -66,7 +66,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
         seed = _draw_seed() if dropout_seed is None else int(dropout_seed)
     # Kernels need the head dim contiguous; other strides they take as they are.
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out, lse = torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                                  bool(causal), left, right, float(softcap), float(dropout_p), seed, concrete,
-                                  resolved.deterministic)
+    out, lse = ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                             bool(causal), left, right, float(softcap), float(dropout_p), seed, concrete,
+                             resolved.deterministic)
     return (out, lse) if return_lse else out

@@ -108,3 +108,29 @@ def _backward(ctx, dout, dlse):
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Attention(torch.autograd.Function):
+    """What the public API calls when gradients are needed: the same context and backward as the
+    op's registered autograd (one place, above), without the custom-op autograd wrapper, which
+    spends about 41 us per forward rebuilding our 16-argument schema (docs/benchmarks/NOTES.md).
+    Inside ``forward`` grad mode is off, so ``dash::fwd`` takes its plain path; torch.compile
+    traces this Function and keeps both ops opaque."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
+        out, lse = torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
+        _setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, *args), (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _backward(ctx, dout, dlse)
+
+
+def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
+    """``(out, lse)`` of ``dash::fwd``, differentiable; ``args`` as in the op's schema after
+    cu_seqlens_k. Without gradients it is the op itself (the Function's own cost is not free)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
+    return torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)

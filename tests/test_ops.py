@@ -30,6 +30,26 @@ def test_opcheck_backward():
                                          lse, *rest))
 
 
+@pytest.mark.parametrize("varlen", [False, True])
+def test_api_function_and_the_ops_registered_autograd_give_the_same_bits(varlen):
+    """The API differentiates through its own autograd.Function (cheaper per call); the op's
+    registered autograd must stay the same computation: same outputs and gradients, bit for bit."""
+    from dash_plugin import ops
+
+    q, k, v, *rest = _args(varlen, dropout=0.2)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
+    results = []
+    for forward in (ops.attention, torch.ops.dash.fwd):
+        out, lse = forward(q, k, v, *rest)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        results.append((out, lse) + grads)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert not results[0][1].requires_grad    # lse is not differentiable on either path
+    with torch.no_grad():
+        out, _ = ops.attention(q, k, v, *rest)
+    assert out.grad_fn is None and torch.equal(out, results[0][0])
+
+
 def test_gradcheck_float64():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 6, 2, 32, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
