@@ -1,4 +1,5 @@
-"""Input checks for the public API. Every error names the argument, the value and what is allowed."""
+"""Input checks for the public API and the ``dash::`` ops. Every error names the argument, the value and
+what is allowed."""
 import torch
 
 HEAD_DIM_MIN, HEAD_DIM_MAX = 32, 256
@@ -76,3 +77,37 @@ def check_scalars(softcap, dropout_p, softmax_scale):
         raise ValueError(f"dropout_p={dropout_p!r} must be in [0, 1)")
     if softmax_scale is not None and (not isinstance(softmax_scale, (int, float)) or softmax_scale <= 0):
         raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive number (or None for 1/sqrt(head_dim))")
+
+
+def check_op_args(name, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,
+                  softcap, dropout_p, schedule, deterministic):
+    """The checks of ``dash::fwd`` / ``dash::bwd`` (op ``name``), for callers that skip the API: no host
+    sync (cu_seqlens contents are checked where they are read)."""
+    from .config import DETERMINISTIC_SCHEDULES, SCHEDULES
+
+    varlen = cu_seqlens_q is not None
+    if varlen != (cu_seqlens_k is not None):
+        raise ValueError(f"{name}: cu_seqlens_q and cu_seqlens_k must be given together (varlen), or neither")
+    check_tensors(q, k, v, varlen)
+    if varlen:
+        for arg, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 2:
+                raise ValueError(f"{name}: {arg} must be a 1-D int32 tensor of batch + 1 >= 2 offsets, got "
+                                 f"dtype={cu.dtype}, shape={_shape(cu)}")
+        if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+            raise ValueError(f"{name}: cu_seqlens_q has {cu_seqlens_q.numel()} entries, cu_seqlens_k "
+                             f"{cu_seqlens_k.numel()}; both must be (batch + 1,)")
+    check_scalars(softcap, dropout_p, softmax_scale)
+    if softmax_scale is None:
+        raise ValueError(f"{name}: softmax_scale=None; the op needs the scale (the API fills in 1/sqrt(head_dim))")
+    if window_left < -1 or window_right < -1:
+        raise ValueError(f"{name}: window_left={window_left}, window_right={window_right}; each must be >= 0, "
+                         "or -1 for unbounded")
+    if causal and window_right > 0:
+        raise ValueError(f"{name}: causal=True with window_right={window_right}; causal allows 0 or -1")
+    if schedule == "auto" or schedule not in SCHEDULES:
+        raise ValueError(f"{name}: schedule={schedule!r}; the op takes a concrete schedule, one of "
+                         f"{', '.join(s for s in SCHEDULES if s != 'auto')} (the API resolves 'auto')")
+    # deterministic=False means "not required", so any schedule may run with it.
+    if deterministic and schedule not in DETERMINISTIC_SCHEDULES:
+        raise ValueError(f"{name}: schedule={schedule!r} is not deterministic but deterministic=True")

@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from dash_plugin import checks
 from dash_plugin.kernels import reference
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -57,6 +58,8 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Op
              cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
              causal: bool, window_left: int, window_right: int, softcap: float, dropout_p: float, seed: int,
              schedule: str, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    checks.check_op_args("dash::fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
+                         window_right, softcap, dropout_p, schedule, deterministic)
     kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                  window_right, softcap, dropout_p, seed)
     kernels = _backend(q)
@@ -77,6 +80,15 @@ def attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
              max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
              window_right: int, softcap: float, dropout_p: float, seed: int, schedule: str,
              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    checks.check_op_args("dash::bwd", q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
+                         window_right, softcap, dropout_p, schedule, deterministic)
+    for arg, t in (("dout", dout), ("out", out)):
+        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"dash::bwd: {arg} is {t.dtype} {tuple(t.shape)} on {t.device}; it must match q "
+                             f"({q.dtype} {tuple(q.shape)} on {q.device})")
+    want = _lse_shape(q, cu_seqlens_q is not None)
+    if tuple(lse.shape) != want or lse.dtype != torch.float32:
+        raise ValueError(f"dash::bwd: lse is {lse.dtype} {tuple(lse.shape)}; expected float32 {want}")
     kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                  window_right, softcap, dropout_p, seed)
     kernels = _backend(q)

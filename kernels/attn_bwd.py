@@ -554,8 +554,9 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
     _check_common(q, k, v, softmax_scale, causal, window_left, window_right, softcap, dropout_p)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule={schedule!r}: the Triton backward takes one of {SCHEDULES}")
-    if not deterministic and schedule != "atomic":
-        raise ValueError(f"deterministic=False is only valid with schedule='atomic', got {schedule!r}")
+    # deterministic=False means "not required": any schedule may run; only atomic with True is refused.
+    if deterministic and schedule == "atomic":
+        raise ValueError("schedule='atomic' is not deterministic, but deterministic=True")
     if dout.shape != q.shape or out.shape != q.shape:
         raise ValueError(f"dout {tuple(dout.shape)} and out {tuple(out.shape)} must have q's shape {tuple(q.shape)}")
     pb = problem(q, k, v, cu_seqlens_q, cu_seqlens_k)

@@ -1,4 +1,6 @@
 """torch.library ops: opcheck, autograd, and torch.compile(fullgraph=True) training steps."""
+import re
+
 import pytest
 import torch
 from torch.library import opcheck
@@ -48,6 +50,46 @@ def test_api_function_and_the_ops_registered_autograd_give_the_same_bits(varlen)
     with torch.no_grad():
         out, _ = ops.attention(q, k, v, *rest)
     assert out.grad_fn is None and torch.equal(out, results[0][0])
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(q=torch.randn(2, 12, 3, 32)), "multiple of key/value heads"),
+    (dict(k=torch.randn(3, 12, 2, 32), v=torch.randn(3, 12, 2, 32)), "same batch size"),
+    (dict(schedule="bogus"), "schedule='bogus'"),
+    (dict(schedule="auto"), "the API resolves 'auto'"),
+    (dict(schedule="atomic"), "not deterministic but deterministic=True"),
+    (dict(dropout_p=1.5), "dropout_p=1.5"),
+    (dict(softmax_scale=-0.2), "softmax_scale=-0.2"),
+    (dict(window_left=-3), "window_left=-3"),
+    (dict(window_right=4), "causal=True with window_right=4"),
+    (dict(cu_seqlens_q=torch.tensor([0, 12], dtype=torch.int32)), "given together"),
+])
+def test_ops_refuse_bad_input_with_the_argument_named(change, message):
+    """Callers of torch.ops.dash.* skip the API's checks: the ops check on their own (no host sync)."""
+    names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale",
+             "causal", "window_left", "window_right", "softcap", "dropout_p", "seed", "schedule", "deterministic")
+    good = dict(zip(names, _args()))
+    good.update(window_left=-1)
+    args = tuple(dict(good, **change)[n] for n in names)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        torch.ops.dash.fwd(*args)
+    q, k, v, *rest = _args()
+    out, lse = torch.ops.dash.fwd(q, k, v, *rest)
+    with pytest.raises(ValueError, match="lse is"):
+        torch.ops.dash.bwd(torch.randn_like(out), q, k, v, out, lse[:, :, :5], *rest)
+    with pytest.raises(ValueError, match="dout is"):
+        torch.ops.dash.bwd(torch.randn(2, 12, 4, 16), q, k, v, out, lse, *rest)
+
+
+def test_deterministic_false_with_a_deterministic_schedule_runs():
+    """deterministic=False means 'not required': split may still run (and gives split's bits)."""
+    q, k, v, *rest = _args()
+    rest[-2:] = ["split", False]
+    out, _ = torch.ops.dash.fwd(q, k, v, *rest)
+    grads = torch.autograd.grad(dash_plugin.flash_attention(q, k, v, causal=True, schedule="split",
+                                                            deterministic=False, softmax_scale=0.2, window=(5, 0),
+                                                            softcap=2.5), (q, k, v), torch.ones_like(out))
+    assert all(torch.isfinite(g).all() for g in grads)
 
 
 def test_gradcheck_float64():

@@ -178,12 +178,13 @@ def test_launch_order_puts_contributors_in_rank_order():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(schedule="auto"), "schedule='auto'"),
-    (dict(schedule="ascending", deterministic=False), "deterministic=False"),
+    (dict(schedule="atomic", deterministic=True), "deterministic=True"),
     (dict(softcap=-1.0), "softcap=-1.0"),
     (dict(dropout_p=1.0), "dropout_p=1.0"),
     (dict(causal=True, window_right=3), "window_right=3"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
+    """(deterministic=False with an ordered schedule is allowed: it means 'not required'.)"""
     q, k, v, do = _inputs((1, 16, 16, 1, 1, 32), torch.float32)
     base = dict(softmax_scale=0.2)
     with pytest.raises(ValueError, match=match):
