@@ -2,6 +2,8 @@
 what is allowed."""
 import torch
 
+from .config import DETERMINISTIC_SCHEDULES, SCHEDULES
+
 HEAD_DIM_MIN, HEAD_DIM_MAX = 32, 256
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -83,8 +85,6 @@ def check_op_args(name, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, caus
                   softcap, dropout_p, schedule, deterministic):
     """The checks of ``dash::fwd`` / ``dash::bwd`` (op ``name``), for callers that skip the API: no host
     sync (cu_seqlens contents are checked where they are read)."""
-    from .config import DETERMINISTIC_SCHEDULES, SCHEDULES
-
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError(f"{name}: cu_seqlens_q and cu_seqlens_k must be given together (varlen), or neither")

@@ -185,6 +185,23 @@ def dropout_keep(seed, r, c, head, batch, threshold):
 
 
 @triton.jit
+def load_tile(base, idx, stride, limit, head_dim, MASKED: tl.constexpr, EVEN_D: tl.constexpr,
+              BLOCK_D: tl.constexpr):
+    """Rows ``idx`` x the head dim of a row-major tile (row stride ``stride``), 0 where masked out.
+    MASKED: rows >= ``limit`` are masked too (edge tiles); otherwise only the padded head dim is,
+    and with EVEN_D nothing is: interior tiles load without any mask."""
+    dims = tl.arange(0, BLOCK_D)
+    ptrs = base + idx.to(tl.int64)[:, None] * stride + dims[None, :]
+    if MASKED:
+        t = tl.load(ptrs, mask=(idx < limit)[:, None] & (dims < head_dim)[None, :], other=0.0)
+    elif EVEN_D:
+        t = tl.load(ptrs)
+    else:
+        t = tl.load(ptrs, mask=(dims < head_dim)[None, :], other=0.0)
+    return t
+
+
+@triton.jit
 def col_range(m_start, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M: tl.constexpr,
               HAS_WL: tl.constexpr, HAS_WR: tl.constexpr):
     """Key columns [lo, hi) that rows [m_start, m_start + BLOCK_M) can see."""
@@ -202,16 +219,9 @@ def col_range(m_start, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M: t
 @triton.jit
 def row_range(n_start, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N: tl.constexpr,
               HAS_WL: tl.constexpr, HAS_WR: tl.constexpr):
-    """Query rows [lo, hi) that see at least one of columns [n_start, n_start + BLOCK_N)."""
-    shift = seqlen_k - seqlen_q
-    lo = n_start * 0
-    hi = seqlen_q + n_start * 0
-    if HAS_WR:
-        lo = tl.maximum(lo, n_start - shift - window_right)
-    if HAS_WL:
-        last_col = tl.minimum(n_start + BLOCK_N, seqlen_k) - 1
-        hi = tl.minimum(hi, last_col - shift + window_left + 1)
-    return lo, hi
+    """Query rows [lo, hi) that see at least one of columns [n_start, n_start + BLOCK_N): the mask
+    seen from the keys is the same band with q and k swapped and the two windows exchanged."""
+    return col_range(n_start, seqlen_k, seqlen_q, window_right, window_left, BLOCK_N, HAS_WR, HAS_WL)
 
 
 @triton.jit
@@ -243,22 +253,8 @@ def interior_cols(m_start, lo, hi, seqlen_q, seqlen_k, window_left, window_right
 @triton.jit
 def interior_rows(n_start, lo, hi, seqlen_q, seqlen_k, window_left, window_right,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr):
-    """The KV-side twin of `interior_cols`: split the row walk [lo, hi) of KV tile n_start (lo a
-    multiple of BLOCK_M) into masked, interior (whole Q tiles, every row sees every column of
-    the KV tile), masked."""
-    shift = seqlen_k - seqlen_q
-    full_lo = lo
-    full_hi = seqlen_q // BLOCK_M * BLOCK_M
-    if HAS_WR:
-        # the tile's first row must see its last column: m >= n_start + BLOCK_N - 1 - shift - window_right
-        need = tl.maximum(n_start + BLOCK_N - 1 - shift - window_right, 0)
-        full_lo = tl.maximum(full_lo, tl.cdiv(need, BLOCK_M) * BLOCK_M)
-    if HAS_WL:
-        # the tile's last row must see its first column: m + BLOCK_M - 1 <= n_start + window_left - shift
-        top = tl.maximum(n_start + window_left - shift + 1, 0)
-        full_hi = tl.minimum(full_hi, top // BLOCK_M * BLOCK_M)
-    if n_start + BLOCK_N > seqlen_k:   # ragged last KV tile: every step needs the column mask
-        full_hi = full_lo
-    a = tl.minimum(full_lo, hi)
-    b = tl.minimum(tl.maximum(full_hi, a), hi)
-    return a, b
+    """The KV-side twin of `interior_cols` (q and k swapped, windows exchanged, as in `row_range`):
+    split the row walk [lo, hi) of KV tile n_start (lo a multiple of BLOCK_M) into masked, interior
+    (whole Q tiles, every row sees every column of the KV tile), masked."""
+    return interior_cols(n_start, lo, hi, seqlen_k, seqlen_q, window_right, window_left,
+                         BLOCK_N, BLOCK_M, HAS_WR, HAS_WL)

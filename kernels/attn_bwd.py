@@ -33,8 +33,8 @@ import triton
 import triton.language as tl
 
 from . import tile_config
-from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interior_rows, interpreting, problem,
-                             placeholder, row_range, seq_bounds, seq_chunks, stats_strides, strides4, tanh,
+from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interior_rows, interpreting,
+                             load_tile, problem, placeholder, row_range, seq_bounds, seq_chunks, stats_strides, strides4, tanh,
                              visible)
 from .attn_fwd import _check_common, mask_params
 from .philox import dropout_threshold
@@ -146,22 +146,13 @@ def _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
     cols = n0 + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     r64 = rows.to(tl.int64)
-    q_ptrs = q_base + r64[:, None] * stride_qs + dims[None, :]
-    do_ptrs = do_base + r64[:, None] * stride_dos + dims[None, :]
+    q = load_tile(q_base, rows, stride_qs, seqlen_q, head_dim, MASKED, EVEN_D, BLOCK_D)
+    do = load_tile(do_base, rows, stride_dos, seqlen_q, head_dim, MASKED, EVEN_D, BLOCK_D)
     if MASKED:
         rmask = rows < seqlen_q
-        msk = rmask[:, None] & (dims < head_dim)[None, :]
-        q = tl.load(q_ptrs, mask=msk, other=0.0)
-        do = tl.load(do_ptrs, mask=msk, other=0.0)
         lse = tl.load(lse_base + r64 * stride_ls, mask=rmask, other=float("inf"))
         delta = tl.load(delta_base + r64 * stride_ls, mask=rmask, other=0.0)
     else:
-        if EVEN_D:
-            q = tl.load(q_ptrs)
-            do = tl.load(do_ptrs)
-        else:
-            q = tl.load(q_ptrs, mask=(dims < head_dim)[None, :], other=0.0)
-            do = tl.load(do_ptrs, mask=(dims < head_dim)[None, :], other=0.0)
         lse = tl.load(lse_base + r64 * stride_ls)
         delta = tl.load(delta_base + r64 * stride_ls)
     qk_t = tl.dot(k, tl.trans(q))
@@ -328,20 +319,10 @@ def _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows
               MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
               SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """dQ of one Q tile over the KV tiles [n_from, n_to); MASKED=False as in the forward."""
-    dims = tl.arange(0, BLOCK_D)
     for n0 in range(n_from, n_to, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
-        c64 = cols.to(tl.int64)[:, None]
-        if MASKED:
-            kmsk = (cols < seqlen_k)[:, None] & (dims < head_dim)[None, :]
-            k = tl.load(k_base + c64 * stride_ks + dims[None, :], mask=kmsk, other=0.0)
-            v = tl.load(v_base + c64 * stride_vs + dims[None, :], mask=kmsk, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_base + c64 * stride_ks + dims[None, :])
-            v = tl.load(v_base + c64 * stride_vs + dims[None, :])
-        else:
-            k = tl.load(k_base + c64 * stride_ks + dims[None, :], mask=(dims < head_dim)[None, :], other=0.0)
-            v = tl.load(v_base + c64 * stride_vs + dims[None, :], mask=(dims < head_dim)[None, :], other=0.0)
+        k = load_tile(k_base, cols, stride_ks, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
+        v = load_tile(v_base, cols, stride_vs, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
         qk = tl.dot(q, tl.trans(k))
         dp = tl.dot(do, tl.trans(v))
         _, ds = _recompute(qk, dp, lse[:, None], delta[:, None], rows[:, None], cols[None, :], h, b,
@@ -585,8 +566,6 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
               float(softcap), 1.0 / (1.0 - float(dropout_p)), wl, wr)
     flags = dict(VARLEN=varlen, EVEN_D=block_d == pb.head_dim, HAS_WL=wl >= 0, HAS_WR=wr >= 0,
                  SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0, BLOCK_D=block_d)
-    tiles = lambda c: dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, num_warps=c.num_warps,  # noqa: E731
-                           num_stages=c.num_stages)
     lse_strides = stats_strides(lse, varlen)
     assert stats_strides(delta, varlen) == lse_strides
 
@@ -627,7 +606,7 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
             pb.heads_q, grid_m,
             *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
             *strides4(dk, varlen), *strides4(dv, varlen), *strides4(dqa, varlen), *lse_strides,
-            *t_dims, MODE=mode, NO_WAIT=no_wait, DEBUG_WAITS=debug, **flags, **tiles(cfg))
+            *t_dims, MODE=mode, NO_WAIT=no_wait, DEBUG_WAITS=debug, **flags, **cfg.launch_args())
     if debug:
         _raise_if_stuck(err, schedule, pb.group)   # a host sync, only in this debug mode
 
@@ -638,7 +617,7 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
                 q, k, v, dout, dq, lse, delta, pb.cu_q, pb.cu_k,
                 base, *common, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
                 *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
-                *strides4(dq, varlen), *lse_strides, **flags, **tiles(dq_cfg))
+                *strides4(dq, varlen), *lse_strides, **flags, **dq_cfg.launch_args())
         return dq, dk, dv
     # postprocess: one rounding of the fp32 accumulator to the input dtype.
     return dqa.to(q.dtype), dk, dv

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 
 from . import tile_config
-from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interpreting, problem, seq_bounds,
-                             seq_chunks, stats_strides, strides4, tanh, visible)
+from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interpreting, load_tile, problem,
+                             seq_bounds, seq_chunks, stats_strides, strides4, tanh, visible)
 from .philox import dropout_threshold
 
 
@@ -27,21 +27,10 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, n_f
     """Online softmax over the KV tiles [n_from, n_to). MASKED=False is the fast path for tiles
     that `interior_cols` proved whole and fully visible: no load masks, no score mask."""
     cols0 = tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, BLOCK_D)
     for n0 in range(n_from, n_to, BLOCK_N):
         cols = n0 + cols0
-        kv_off = cols.to(tl.int64)[:, None] * stride_ks + dims[None, :]
-        vv_off = cols.to(tl.int64)[:, None] * stride_vs + dims[None, :]
-        if MASKED:
-            lmask = (cols < seqlen_k)[:, None] & (dims < head_dim)[None, :]
-            k = tl.load(k_base + kv_off, mask=lmask, other=0.0)
-            v = tl.load(v_base + vv_off, mask=lmask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_base + kv_off)
-            v = tl.load(v_base + vv_off)
-        else:
-            k = tl.load(k_base + kv_off, mask=(dims < head_dim)[None, :], other=0.0)
-            v = tl.load(v_base + vv_off, mask=(dims < head_dim)[None, :], other=0.0)
+        k = load_tile(k_base, cols, stride_ks, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
+        v = load_tile(v_base, cols, stride_vs, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
         qk = tl.dot(q, tl.trans(k))
         if SOFTCAP:
             s = softcap * tanh(qk * (scale_log2 / 1.4426950408889634 / softcap)) * 1.4426950408889634
@@ -193,7 +182,6 @@ def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seql
             *stats_strides(lse, pb.varlen),
             VARLEN=pb.varlen, HAS_WL=wl >= 0, HAS_WR=wr >= 0,
             SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0, REVERSE_M=wr >= 0, EVEN_D=block_d == pb.head_dim,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=block_d,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            BLOCK_D=block_d, **cfg.launch_args(),
         )
     return out, lse

@@ -14,60 +14,58 @@ import torch
 
 
 @dataclass(frozen=True)
-class FwdConfig:
-    block_m: int
-    block_n: int
+class Tiles:
+    """One kernel's tiles and launch shape (forward and backward kernels alike)."""
+    block_m: int        # Q tile rows
+    block_n: int        # KV tile rows
     num_warps: int
     num_stages: int
 
-
-@dataclass(frozen=True)
-class BwdConfig:
-    block_m: int        # Q tile (rows of dQ visited by a KV program)
-    block_n: int        # KV tile (owned by one program)
-    num_warps: int
-    num_stages: int
+    def launch_args(self) -> dict:
+        """The Triton meta-parameters of a launch with these tiles."""
+        return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, num_warps=self.num_warps,
+                    num_stages=self.num_stages)
 
 
 # Hopper (sm90) and anything newer/older that has no row of its own. Keys: padded head dim.
 # Rows from scripts/gpu_tune.py on an H200 (docs/benchmarks/tune-h200-1.json and -2.json, SDPA cuDNN
 # timed beside them); the history is in docs/benchmarks/NOTES.md.
 _FWD_SM90 = {
-    32: FwdConfig(128, 64, 4, 3),
-    64: FwdConfig(128, 64, 8, 3),     # 393 TFLOP/s full 2k; 128x128 drops to 329
-    128: FwdConfig(128, 128, 8, 3),   # 494 full 8k, 454 causal 8k (128x64: 451 / 410)
-    256: FwdConfig(64, 64, 8, 2),
+    32: Tiles(128, 64, 4, 3),
+    64: Tiles(128, 64, 8, 3),     # 393 TFLOP/s full 2k; 128x128 drops to 329
+    128: Tiles(128, 128, 8, 3),   # 494 full 8k, 454 causal 8k (128x64: 451 / 410)
+    256: Tiles(64, 64, 8, 2),
 }
 # KV-stationary kernel with dQ adds (ordered schedules and `atomic`; the ordered schedules'
 # ranks are a function of these tiles). The dQ product needs dS transposed; at 8 warps the
 # 64x128 tile hides it best: hdim 128 full 8k atomic 373 vs 202 TFLOP/s at 64x64/4 warps.
 _BWD_SM90 = {
-    32: BwdConfig(64, 128, 8, 3),
-    64: BwdConfig(64, 128, 8, 3),
-    128: BwdConfig(64, 128, 8, 3),
-    256: BwdConfig(32, 64, 8, 1),
+    32: Tiles(64, 128, 8, 3),
+    64: Tiles(64, 128, 8, 3),
+    128: Tiles(64, 128, 8, 3),
+    256: Tiles(32, 64, 8, 1),
 }
 # `split`: the KV kernel without dQ, and the Q-stationary dQ kernel. No cross-program
 # reduction, so these tiles may differ from the ones above without changing any rank.
 # tune-h200-2.json sweeps each with the other at its old row (64x64, 4 warps, 2 stages).
 _SPLIT_KV_SM90 = {
-    32: BwdConfig(64, 64, 4, 3),
-    64: BwdConfig(64, 64, 4, 3),      # 330 TFLOP/s full 2k
-    128: BwdConfig(64, 128, 8, 2),    # 351 causal 8k, 374 full 8k, 273 causal 2k (64x64/4: 337/376/264)
-    256: BwdConfig(32, 64, 8, 1),
+    32: Tiles(64, 64, 4, 3),
+    64: Tiles(64, 64, 4, 3),      # 330 TFLOP/s full 2k
+    128: Tiles(64, 128, 8, 2),    # 351 causal 8k, 374 full 8k, 273 causal 2k (64x64/4: 337/376/264)
+    256: Tiles(32, 64, 8, 1),
 }
 # Q-stationary like the forward: 128-row tiles at 8 warps win at every point swept.
 _SPLIT_DQ_SM90 = {
-    32: BwdConfig(128, 64, 8, 3),
-    64: BwdConfig(128, 64, 8, 3),     # 342 full 2k (64x64/4: 320)
-    128: BwdConfig(128, 64, 8, 3),    # 335 causal 8k, 400 full 8k, 273 causal 2k (64x64/4: 323/368/269)
-    256: BwdConfig(32, 64, 8, 1),
+    32: Tiles(128, 64, 8, 3),
+    64: Tiles(128, 64, 8, 3),     # 342 full 2k (64x64/4: 320)
+    128: Tiles(128, 64, 8, 3),    # 335 causal 8k, 400 full 8k, 273 causal 2k (64x64/4: 323/368/269)
+    256: Tiles(32, 64, 8, 1),
 }
 
 # Under TRITON_INTERPRET=1 (CPU CI): small tiles so that tiny test shapes still span several
 # tiles (multi-tile online softmax, several dQ contributors, ragged last tiles).
-_FWD_INTERPRET = FwdConfig(32, 16, 4, 1)
-_BWD_INTERPRET = BwdConfig(16, 32, 4, 1)
+_FWD_INTERPRET = Tiles(32, 16, 4, 1)
+_BWD_INTERPRET = Tiles(16, 32, 4, 1)
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -84,7 +82,7 @@ def _row(table, head_dim):
     return table[max(32, p)]
 
 
-def fwd_config(dtype: torch.dtype, head_dim: int, *, interpret: bool, arch=None) -> FwdConfig:
+def fwd_config(dtype: torch.dtype, head_dim: int, *, interpret: bool, arch=None) -> Tiles:
     """Forward tiles. ``arch`` is (major, minor); every arch uses the sm90 row for now."""
     if interpret:
         return _FWD_INTERPRET
@@ -95,7 +93,7 @@ _BWD_TABLES = {"ordered": _BWD_SM90, "split_kv": _SPLIT_KV_SM90, "split_dq": _SP
 
 
 def bwd_config(dtype: torch.dtype, head_dim: int, *, interpret: bool, kernel: str = "ordered",
-               arch=None) -> BwdConfig:
+               arch=None) -> Tiles:
     """Backward tiles of one kernel: ``ordered`` (KV-stationary with dQ adds: ordered schedules
     and atomic; block_n is a multiple of block_m, which the causal shift pairs need),
     ``split_kv`` or ``split_dq``."""

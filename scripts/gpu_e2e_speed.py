@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import gc
 import importlib.util
 import json

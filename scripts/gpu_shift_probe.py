@@ -18,7 +18,7 @@ def one(case):
     from dash_plugin.kernels import attn_bwd, attn_fwd, tile_config
     from dash_plugin.schedules import kernel_tables
     s, bm, bn, batch, heads = (int(x) for x in case.split("-"))
-    tile_config._BWD_SM90[128] = tile_config.BwdConfig(bm, bn, 8, 3)
+    tile_config._BWD_SM90[128] = tile_config.Tiles(bm, bn, 8, 3)
     attn_bwd._ALLOW_SYMMETRIC_SHIFT = True
     q = torch.randn(batch, s, heads, 128, device="cuda", dtype=torch.bfloat16)
     k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)

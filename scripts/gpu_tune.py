@@ -74,7 +74,7 @@ def main(path, which="all", max_minutes=8.0):
             for cfg in FWD_CANDIDATES:
                 if time.time() > t_end:
                     break
-                tile_config._FWD_SM90[d] = tile_config.FwdConfig(*cfg)
+                tile_config._FWD_SM90[d] = tile_config.Tiles(*cfg)
                 try:
                     ms = _time(lambda: attn_fwd.attention_forward(q, k, v, **kw))
                     record(dict(base, impl="fwd", cfg=cfg, tflops=flops / ms / 1e9))
@@ -84,7 +84,7 @@ def main(path, which="all", max_minutes=8.0):
         out, lse = attn_fwd.attention_forward(q, k, v, **kw)
         if which in ("bwd", "all"):
             for cfg in BWD_CANDIDATES:
-                tile_config._BWD_SM90[d] = tile_config.BwdConfig(*cfg)
+                tile_config._BWD_SM90[d] = tile_config.Tiles(*cfg)
                 for sched in scheds:
                     if time.time() < t_end:
                         bwd(base, flops, q, k, v, do, out, lse, kw, sched, dict(cfg=cfg))
@@ -95,7 +95,7 @@ def main(path, which="all", max_minutes=8.0):
                 rows_of = tile_config._BWD_TABLES[table]
                 for cfg in cands:
                     if time.time() < t_end:
-                        rows_of[d] = tile_config.BwdConfig(*cfg)
+                        rows_of[d] = tile_config.Tiles(*cfg)
                         bwd(base, flops, q, k, v, do, out, lse, kw, "split", dict(kernel=table, cfg=cfg))
                 rows_of[d] = default[table]
         del q, k, v, do, out, lse, qt, kt, vt, o

@@ -1,7 +1,6 @@
 """dash-bench: FLOP formulas, the shape list, the determinism check, the report writers and the
 auto table on synthetic results, and the tiny CPU run end to end."""
 import json
-import math
 
 import pytest
 import torch

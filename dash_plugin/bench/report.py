@@ -348,7 +348,7 @@ def write_plot(results: dict, path: str) -> None:
                 ax.set_xticklabels([str(p["seqlen"]) for p in points], fontsize=7)
     for ax in axes[-1]:
         ax.set_xlabel("seqlen (16k tokens per point)")
-    handles, labels = {}, {}
+    handles = {}
     for ax in axes.flat:
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
