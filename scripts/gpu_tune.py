@@ -3,7 +3,7 @@ should kernels/tile_config.py hold? Times each candidate at the points that deci
 with SDPA cuDNN timed in the same process as the yardstick, and writes JSON to argv[1].
 
 The table itself stays fixed (DESIGN.md rule 2): this only informs what is committed.
-Usage: python scripts/gpu_tune.py OUT.json [fwd|bwd|split|all] [max_minutes]
+Usage: python scripts/gpu_tune.py OUT.json [fwd|bwd|split|all] [max_minutes] [hdims, default 64,128]
 """
 import json
 import sys
@@ -22,9 +22,24 @@ SPLIT_KV_CANDIDATES = [(64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (64, 64
                        (64, 64, 4, 3)]
 SPLIT_DQ_CANDIDATES = [(64, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (128, 128, 8, 2),
                        (64, 64, 4, 3), (128, 32, 4, 2)]
+# hdim 256: the fp32 accumulators alone take 128 registers per thread at a 128x256 tile on 8 warps,
+# so the rows above mostly do not fit; these keep one side of each tile at 32-64 rows.
+CANDIDATES_256 = dict(
+    fwd=[(64, 64, 8, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 3)],
+    ordered=[(32, 64, 8, 1), (64, 64, 8, 1), (64, 64, 8, 2), (32, 64, 4, 2), (32, 32, 4, 2)],
+    split_kv=[(32, 64, 8, 1), (64, 64, 8, 1), (64, 64, 8, 2), (32, 64, 4, 2), (32, 128, 8, 1), (16, 64, 4, 2)],
+    split_dq=[(32, 64, 8, 1), (64, 64, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2), (64, 64, 4, 2), (128, 64, 8, 1)])
 # (hdim, seqlen, batch, causal, schedules timed in the "bwd" sweep)
 POINTS = [(128, 8192, 2, True, ("descending", "atomic")), (128, 8192, 2, False, ("shift", "atomic")),
-          (128, 2048, 8, True, ("descending",)), (64, 2048, 8, False, ("shift", "ascending"))]
+          (128, 2048, 8, True, ("descending",)), (64, 2048, 8, False, ("shift", "ascending")),
+          (256, 8192, 2, True, ("descending", "atomic")), (256, 2048, 8, False, ("shift", "atomic"))]
+
+
+def _candidates(d, kernel):
+    if d == 256:
+        return CANDIDATES_256[kernel]
+    return dict(fwd=FWD_CANDIDATES, ordered=BWD_CANDIDATES, split_kv=SPLIT_KV_CANDIDATES,
+                split_dq=SPLIT_DQ_CANDIDATES)[kernel]
 
 
 def _inputs(d, s, b):
@@ -38,7 +53,7 @@ def _time(fn):
     return do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
-def main(path, which="all", max_minutes=8.0):
+def main(path, which="all", max_minutes=8.0, hdims=(64, 128)):
     t_end = time.time() + 60 * max_minutes
     rows = []
 
@@ -56,7 +71,7 @@ def main(path, which="all", max_minutes=8.0):
         except Exception as exc:  # out of shared memory / registers for this row
             record(dict(base, impl="bwd", schedule=sched, **extra, error=repr(exc)[:200]))
 
-    for d, s, b, causal, scheds in POINTS:
+    for d, s, b, causal, scheds in [p for p in POINTS if p[0] in hdims]:
         default = dict(fwd=tile_config._FWD_SM90[d], ordered=tile_config._BWD_SM90[d],
                        split_kv=tile_config._SPLIT_KV_SM90[d], split_dq=tile_config._SPLIT_DQ_SM90[d])
         q, k, v, do = _inputs(d, s, b)
@@ -71,7 +86,7 @@ def main(path, which="all", max_minutes=8.0):
             t_bwd = _time(lambda: torch.autograd.grad(o, (qt, kt, vt), do.transpose(1, 2), retain_graph=True))
         record(dict(base, impl="cudnn", fwd_tflops=flops / t_fwd / 1e9, bwd_tflops=2.5 * flops / t_bwd / 1e9))
         if which in ("fwd", "all"):
-            for cfg in FWD_CANDIDATES:
+            for cfg in _candidates(d, "fwd"):
                 if time.time() > t_end:
                     break
                 tile_config._FWD_SM90[d] = tile_config.Tiles(*cfg)
@@ -83,7 +98,9 @@ def main(path, which="all", max_minutes=8.0):
             tile_config._FWD_SM90[d] = default["fwd"]
         out, lse = attn_fwd.attention_forward(q, k, v, **kw)
         if which in ("bwd", "all"):
-            for cfg in BWD_CANDIDATES:
+            for cfg in _candidates(d, "ordered"):
+                if time.time() > t_end:
+                    break
                 tile_config._BWD_SM90[d] = tile_config.Tiles(*cfg)
                 for sched in scheds:
                     if time.time() < t_end:
@@ -91,9 +108,9 @@ def main(path, which="all", max_minutes=8.0):
             tile_config._BWD_SM90[d] = default["ordered"]
         if which in ("split", "all"):
             # the two split kernels are independent: sweep one with the other at its default
-            for table, cands in (("split_kv", SPLIT_KV_CANDIDATES), ("split_dq", SPLIT_DQ_CANDIDATES)):
+            for table in ("split_kv", "split_dq"):
                 rows_of = tile_config._BWD_TABLES[table]
-                for cfg in cands:
+                for cfg in _candidates(d, table):
                     if time.time() < t_end:
                         rows_of[d] = tile_config.Tiles(*cfg)
                         bwd(base, flops, q, k, v, do, out, lse, kw, "split", dict(kernel=table, cfg=cfg))
@@ -103,4 +120,6 @@ def main(path, which="all", max_minutes=8.0):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(sys.argv[2:3] or ["all"]), *([float(sys.argv[3])] if len(sys.argv) > 3 else []))
+    argv = sys.argv[1:] + [None] * 4
+    main(argv[0], argv[1] or "all", float(argv[2] or 8.0),
+         tuple(int(x) for x in (argv[3] or "64,128").split(",")))

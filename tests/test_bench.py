@@ -417,3 +417,13 @@ def test_merge_split_runs(tmp_path):
     other = dict(whole, env=dict(whole["env"], gpu="NVIDIA H100"))
     with pytest.raises(ValueError, match="different devices"):
         report.merge_results([whole, other], ["a", "b"])
+
+
+def test_cli_gqa_only_selects_the_gqa_row_alone():
+    from dash_plugin.bench import cli
+    args = cli.build_parser().parse_args(["--gqa-only", "--seqlens", "2048,4096"])
+    points = cli._points(args)
+    assert [(p.hdim, p.heads_q, p.heads_kv, p.seqlen) for p in points] == \
+        [(128, 16, 4, 2048), (128, 16, 4, 4096)] * 2
+    with pytest.raises(ValueError, match="--gqa-only"):
+        cli._points(cli.build_parser().parse_args(["--gqa-only", "--hdims", "64"]))

@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--hdims", default=None, help="comma list of head dims (default 64,128)")
     ap.add_argument("--hdim256", action="store_true", help="add the hdim 256 row")
     ap.add_argument("--gqa", action="store_true", help="add the GQA 4:1 row (hdim 128)")
+    ap.add_argument("--gqa-only", action="store_true", help="only the GQA 4:1 row (hdim 128)")
     ap.add_argument("--seqlens", default=None, help="comma list of seqlens (default 512..16384)")
     ap.add_argument("--masks", default=None, help="comma list of causal,full (default both)")
     ap.add_argument("--repeats", type=int, default=6, help="backward passes compared bitwise (default 6)")
@@ -75,11 +76,15 @@ def _points(args):
     masks = tuple(m.strip() for m in args.masks.split(",")) if args.masks else protocol.MASKS
     if args.quick:
         return protocol.quick_points(masks=masks)
+    if args.gqa_only and (args.hdims or args.hdim256):
+        raise ValueError("--gqa-only runs the GQA row alone: drop --hdims / --hdim256, or use --gqa")
     hdims = _int_list(args.hdims, "--hdims") if args.hdims else list(protocol.HDIMS)
+    if args.gqa_only:
+        hdims = []
     if args.hdim256 and 256 not in hdims:
         hdims.append(256)
     seqlens = _int_list(args.seqlens, "--seqlens") if args.seqlens else list(protocol.SEQLENS)
-    return protocol.protocol_points(hdims=hdims, seqlens=seqlens, masks=masks, gqa=args.gqa)
+    return protocol.protocol_points(hdims=hdims, seqlens=seqlens, masks=masks, gqa=args.gqa or args.gqa_only)
 
 
 def _finish(results, args, command) -> int:
