@@ -29,12 +29,12 @@ class Tiles:
 
 # Hopper (sm90) and anything newer/older that has no row of its own. Keys: padded head dim.
 # Rows from scripts/gpu_tune.py on an H200 (docs/benchmarks/tune-h200-1.json and -2.json, SDPA cuDNN
-# timed beside them); the history is in docs/benchmarks/NOTES.md.
+# timed beside them; hdim 256 from tune-256-h200.json); the history is in docs/benchmarks/NOTES.md.
 _FWD_SM90 = {
     32: Tiles(128, 64, 4, 3),
     64: Tiles(128, 64, 8, 3),     # 393 TFLOP/s full 2k; 128x128 drops to 329
     128: Tiles(128, 128, 8, 3),   # 494 full 8k, 454 causal 8k (128x64: 451 / 410)
-    256: Tiles(64, 64, 8, 2),
+    256: Tiles(128, 64, 8, 2),    # 439 causal 8k, 432 full 2k (64x64/8w/2st: 212 / 214)
 }
 # KV-stationary kernel with dQ adds (ordered schedules and `atomic`; the ordered schedules'
 # ranks are a function of these tiles). The dQ product needs dS transposed; at 8 warps the
@@ -43,7 +43,7 @@ _BWD_SM90 = {
     32: Tiles(64, 128, 8, 3),
     64: Tiles(64, 128, 8, 3),
     128: Tiles(64, 128, 8, 3),
-    256: Tiles(32, 64, 8, 1),
+    256: Tiles(32, 32, 4, 2),     # atomic 156 causal 8k, 159 full 2k (32x64/8w/1st: 89 / 105)
 }
 # `split`: the KV kernel without dQ, and the Q-stationary dQ kernel. No cross-program
 # reduction, so these tiles may differ from the ones above without changing any rank.
@@ -52,14 +52,14 @@ _SPLIT_KV_SM90 = {
     32: Tiles(64, 64, 4, 3),
     64: Tiles(64, 64, 4, 3),      # 330 TFLOP/s full 2k
     128: Tiles(64, 128, 8, 2),    # 351 causal 8k, 374 full 8k, 273 causal 2k (64x64/4: 337/376/264)
-    256: Tiles(32, 64, 8, 1),
+    256: Tiles(64, 64, 8, 2),     # 127 causal 8k, 134 full 2k with dQ at 32x64 (32x64/8w/1st: 90 / 94)
 }
 # Q-stationary like the forward: 128-row tiles at 8 warps win at every point swept.
 _SPLIT_DQ_SM90 = {
     32: Tiles(128, 64, 8, 3),
     64: Tiles(128, 64, 8, 3),     # 342 full 2k (64x64/4: 320)
     128: Tiles(128, 64, 8, 3),    # 335 causal 8k, 400 full 8k, 273 causal 2k (64x64/4: 323/368/269)
-    256: Tiles(32, 64, 8, 1),
+    256: Tiles(128, 64, 8, 1),    # 126 causal 8k, 134 full 2k with KV at 32x64 (32x64/8w/1st: 90 / 94)
 }
 
 # Under TRITON_INTERPRET=1 (CPU CI): small tiles so that tiny test shapes still span several
