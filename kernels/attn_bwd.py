@@ -181,7 +181,7 @@ def _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
 
 
 @triton.jit
-def _bwd_kv_kernel(
+def _kv_program(pid, hk, b,
     Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR,
     T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK,
     seq_base, seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
@@ -200,9 +200,7 @@ def _bwd_kv_kernel(
     EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
     DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    hk = tl.program_id(1)
-    b = tl.program_id(2) + seq_base   # launches cover at most MAX_GRID_SEQS sequences
+    """One KV-stationary program: worker slot ``pid`` of KV head ``hk`` in sequence ``b``."""
     q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
     k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
     b64 = b.to(tl.int64)
@@ -308,6 +306,58 @@ def _bwd_kv_kernel(
             tl.store(DV + b64 * stride_dvb + hk.to(tl.int64) * stride_dvh + c64 * stride_dvs + dims[None, :],
                      dv.to(DV.dtype.element_ty), mask=kmsk)
         seg_begin = seg_end
+
+
+@triton.jit
+def _bwd_kv_kernel(
+    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR,
+    T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK,
+    seq_base, seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
+    window_left, window_right, max_polls,
+    seqlen_q_dense, seqlen_k_dense, group, head_dim, heads_q, num_m_max,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_dqb, stride_dqs, stride_dqh,
+    stride_lb, stride_lh, stride_ls,
+    t_stride_b, t_max_workers, t_max_steps, num_items, PERSISTENT: tl.constexpr,
+    MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, VARLEN: tl.constexpr,
+    EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
+    DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    if PERSISTENT:
+        # Cyclic waits (shift): at most as many programs as the GPU holds at once, each taking
+        # work items (slot fastest, then KV head, then sequence) in increasing order, so a
+        # group's members all run at the same time once every earlier item is done (DESIGN.md
+        # rule 5; the proof is in docs/INTERNALS.md). Block dispatch order is then irrelevant.
+        heads_kv = heads_q // group
+        for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
+            _kv_program(item % t_max_workers, (item // t_max_workers) % heads_kv,
+                        item // (t_max_workers * heads_kv) + seq_base,
+                        Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR, T_PERM, T_NWORK, T_SEGKV,
+                        T_SEGEND, T_QTILE, T_RANK, seq_base, seed, drop_threshold, scale, scale_log2,
+                        softcap, inv_keep, window_left, window_right, max_polls, seqlen_q_dense,
+                        seqlen_k_dense, group, head_dim, heads_q, num_m_max, stride_qb, stride_qs, stride_qh,
+                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_dob,
+                        stride_dos, stride_doh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
+                        stride_dvh, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ls,
+                        t_stride_b, t_max_workers, t_max_steps, MODE, NO_WAIT, DEBUG_WAITS, VARLEN, EVEN_D,
+                        HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+    else:
+        # launches cover at most MAX_GRID_SEQS sequences: axis 2 counts from seq_base
+        _kv_program(tl.program_id(0), tl.program_id(1), tl.program_id(2) + seq_base,
+                    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR, T_PERM, T_NWORK, T_SEGKV,
+                    T_SEGEND, T_QTILE, T_RANK, seq_base, seed, drop_threshold, scale, scale_log2, softcap,
+                    inv_keep, window_left, window_right, max_polls, seqlen_q_dense, seqlen_k_dense, group,
+                    head_dim, heads_q, num_m_max, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
+                    stride_kh, stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
+                    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, stride_dqb,
+                    stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ls, t_stride_b, t_max_workers,
+                    t_max_steps, MODE, NO_WAIT, DEBUG_WAITS, VARLEN, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
+                    DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
 
 
 # ---------------------------------------------------------------- split: Q-stationary dQ
@@ -528,6 +578,23 @@ def _check_residency(group_size, device):
                            f"{sms} SMs: pick 'descending' or 'ascending'")
 
 
+def _persistent_cyclic() -> bool:
+    """Cyclic schedules launch a persistent grid (default). DASH_PERSISTENT_CYCLIC=0 launches one
+    program per worker instead, which relies on blocks being dispatched in launch order; kept for
+    comparison (read per call)."""
+    return os.environ.get("DASH_PERSISTENT_CYCLIC", "1") != "0"
+
+
+def _resident_programs(device) -> int:
+    """Programs of the persistent grid: one per SM. Every config in the tile table fits one
+    program per SM, so all of them are resident together; more per SM would have to be proved
+    from the compiled kernel's registers and shared memory, and a wrong guess deadlocks.
+    The interpreter (no waits there) gets 3, so that items wrap around the grid in the CPU tests."""
+    if interpreting():
+        return 3
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                        max_seqlen_k=None, softmax_scale, causal=False, window_left=-1, window_right=-1,
                        softcap=0.0, dropout_p=0.0, seed=0, schedule="ascending", deterministic=True):
@@ -578,7 +645,7 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
         dqa = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         mode = _MODE["atomic"] if schedule == "atomic" else _MODE["ordered"]
 
-    no_wait = False
+    no_wait = persistent = False
     debug, max_polls = debug_waits() if mode == _MODE["ordered"] else (False, 0)
     err = torch.zeros(8, device=q.device, dtype=torch.int32) if debug else None
     if mode == _MODE["ordered"]:
@@ -586,6 +653,7 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
         if tabs["group_size"] > 1:
             _check_residency(tabs["group_size"], q.device)
             no_wait = interp        # the interpreter cannot run cyclic waits
+            persistent = _persistent_cyclic()
         # One int32 counter per (sequence, query head, dQ tile), zeroed per call (rule 6).
         sem = torch.zeros((pb.batch, pb.heads_q, grid_m), device=q.device, dtype=torch.int32)
         t_args = (tabs["perm"], tabs["num_workers"], tabs["seg_kv"], tabs["seg_end"], tabs["q_tile"], tabs["rank"])
@@ -600,13 +668,16 @@ def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens
 
     # Waits never cross sequences, so each launch of a chunk of sequences is self-contained.
     for base, count in seq_chunks(pb.batch):
-        _bwd_kv_kernel[(grid0, pb.heads_kv, count)](
+        num_items = grid0 * pb.heads_kv * count
+        grid = (min(num_items, _resident_programs(q.device)),) if persistent else (grid0, pb.heads_kv, count)
+        _bwd_kv_kernel[grid](
             q, k, v, dout, dk, dv, dqa, lse, delta, pb.cu_q, pb.cu_k, sem, err if debug else sem, *t_args,
             base, *common[:-2], wl, wr, max_polls, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
             pb.heads_q, grid_m,
             *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
             *strides4(dk, varlen), *strides4(dv, varlen), *strides4(dqa, varlen), *lse_strides,
-            *t_dims, MODE=mode, NO_WAIT=no_wait, DEBUG_WAITS=debug, **flags, **cfg.launch_args())
+            *t_dims, num_items, PERSISTENT=persistent, MODE=mode, NO_WAIT=no_wait, DEBUG_WAITS=debug, **flags,
+            **cfg.launch_args())
     if debug:
         _raise_if_stuck(err, schedule, pb.group)   # a host sync, only in this debug mode
 
