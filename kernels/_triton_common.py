@@ -147,6 +147,17 @@ def seq_bounds(cu_ptr, b, seqlen_dense, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def q_tile_program(CU_Q, CU_K, seq_base, seqlen_q_dense, seqlen_k_dense, VARLEN: tl.constexpr):
+    """Where a program of a (Q tiles, heads, sequences) grid works: (Q tile index, head, sequence,
+    first Q row, seqlen_q, first K row, seqlen_k). Axis 2 counts from seq_base: a launch covers at
+    most MAX_GRID_SEQS sequences."""
+    b = tl.program_id(2) + seq_base
+    q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
+    k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
+    return tl.program_id(0), tl.program_id(1), b, q_start, seqlen_q, k_start, seqlen_k
+
+
+@triton.jit
 def visible(r, c, seqlen_q, seqlen_k, window_left, window_right,
             HAS_WL: tl.constexpr, HAS_WR: tl.constexpr):
     """Mask of docs/INTERNALS.md: bottom-right aligned window, inside both sequences.

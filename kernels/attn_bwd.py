@@ -34,8 +34,8 @@ import triton.language as tl
 
 from . import tile_config
 from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interior_rows, interpreting,
-                             load_tile, problem, placeholder, row_range, seq_bounds, seq_chunks, stats_strides, strides4, tanh,
-                             visible)
+                             load_tile, placeholder, problem, q_tile_program, row_range, seq_bounds, seq_chunks,
+                             stats_strides, strides4, tanh, visible)
 from .attn_fwd import _check_common, mask_params
 from .philox import dropout_threshold
 
@@ -398,11 +398,8 @@ def _bwd_dq_kernel(
     SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2) + seq_base   # launches cover at most MAX_GRID_SEQS sequences
-    q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
-    k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
+    pid_m, h, b, q_start, seqlen_q, k_start, seqlen_k = q_tile_program(CU_Q, CU_K, seq_base, seqlen_q_dense,
+                                                                       seqlen_k_dense, VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
@@ -572,7 +569,7 @@ def _check_residency(group_size, device):
     """Cyclic waits need the whole group resident at once (DESIGN.md rule 5): one program per SM."""
     if interpreting() or group_size <= 1:
         return
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _resident_programs(device)
     if sms < group_size:
         raise RuntimeError(f"the schedule waits cyclically inside groups of {group_size} programs, but this GPU has "
                            f"{sms} SMs: pick 'descending' or 'ascending'")

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from . import tile_config
 from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interpreting, load_tile, problem,
-                             seq_bounds, seq_chunks, stats_strides, strides4, tanh, visible)
+                             q_tile_program, seq_chunks, stats_strides, strides4, tanh, visible)
 from .philox import dropout_threshold
 
 
@@ -69,11 +69,8 @@ def _fwd_kernel(
     SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, REVERSE_M: tl.constexpr, EVEN_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    h = tl.program_id(1)
-    b = tl.program_id(2) + seq_base   # launches cover at most MAX_GRID_SEQS sequences
-    q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
-    k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
+    pid_m, h, b, q_start, seqlen_q, k_start, seqlen_k = q_tile_program(CU_Q, CU_K, seq_base, seqlen_q_dense,
+                                                                       seqlen_k_dense, VARLEN)
     num_m = tl.cdiv(seqlen_q, BLOCK_M)
     if pid_m >= num_m:
         return

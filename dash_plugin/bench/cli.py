@@ -78,9 +78,10 @@ def _points(args):
         return protocol.quick_points(masks=masks)
     if args.gqa_only and (args.hdims or args.hdim256):
         raise ValueError("--gqa-only runs the GQA row alone: drop --hdims / --hdim256, or use --gqa")
-    hdims = _int_list(args.hdims, "--hdims") if args.hdims else list(protocol.HDIMS)
     if args.gqa_only:
         hdims = []
+    else:
+        hdims = _int_list(args.hdims, "--hdims") if args.hdims else list(protocol.HDIMS)
     if args.hdim256 and 256 not in hdims:
         hdims.append(256)
     seqlens = _int_list(args.seqlens, "--seqlens") if args.seqlens else list(protocol.SEQLENS)
