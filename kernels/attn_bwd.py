@@ -26,7 +26,6 @@ run cyclic waits, so there the kernel skips waiting (NO_WAIT) and only correctne
 """
 import heapq
 import os
-import warnings
 
 import torch
 import triton
@@ -126,8 +125,41 @@ def _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS: tl.
                 tl.store(ERR + 5, h)
                 tl.store(ERR + 6, b)
     else:
+        _spin_until(sem_ptr, rank)
+
+
+# Triton picks the interpreter when @triton.jit runs (import time); so do we.
+COMPILED = tl.constexpr(not interpreting())
+
+
+@triton.jit
+def _spin_until(sem_ptr, rank):
+    """Every thread polls the counter itself with an acquire load until it reads ``rank``.
+
+    Why not `while tl.atomic_add(sem_ptr, 0, sem="acquire") != rank`: Triton runs a scalar atomic
+    on thread 0 and hands the value to the other threads through shared memory, with two block
+    barriers per poll. The causal symmetric shift hung in that loop on the H100/H200 (never in the
+    debug build, which polls the same way but does more per poll: docs/benchmarks/NOTES.md). Here
+    no thread waits for another: the counter can only move past ``rank`` after this program's
+    release, so every thread reads ``rank`` at some point and leaves the loop by itself, and each
+    thread's own acquire orders its own dQ adds after the previous rank's (a warp's 32 polls of
+    one address are one memory transaction). In the interpreter there is nobody to wait for
+    (programs run one after another, the schedules it runs only wait on earlier programs), so
+    the loop ends at once there."""
+    if not COMPILED:
+        cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
         while cur != rank:
             cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
+    else:
+        tl.inline_asm_elementwise(
+            """{
+            .reg .pred not_mine;
+            poll:
+            ld.global.acquire.gpu.b32 $0, [$1];
+            setp.ne.s32 not_mine, $0, $2;
+            @not_mine bra poll;
+            }""",
+            "=r,l,r", [sem_ptr, rank], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -479,15 +511,6 @@ def launch_order(num_workers: int, q_tile: torch.Tensor, rank: torch.Tensor) -> 
 
 
 _TABLE_CACHE = {}
-# The two-segment causal shift finishes on small grids but stalled once on the H200 at B=32,
-# H=16, S=512 (docs/benchmarks/NOTES.md); until the cause is found the GPU runs the descending
-# tables instead. DASH_EXPERIMENTAL_SYMMETRIC_SHIFT=1 (read per call; best with DASH_DEBUG_WAITS=1)
-# or this flag (scripts/gpu_shift_probe.py) runs the real tables.
-_ALLOW_SYMMETRIC_SHIFT = False
-
-
-def _symmetric_shift_allowed() -> bool:
-    return _ALLOW_SYMMETRIC_SHIFT or os.environ.get("DASH_EXPERIMENTAL_SYMMETRIC_SHIFT", "0") == "1"
 
 
 def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
@@ -497,22 +520,12 @@ def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
     dense = not pb.varlen
     lq = [pb.seqlens_q[0]] if dense else list(pb.seqlens_q)
     lk = [pb.seqlens_k[0]] if dense else list(pb.seqlens_k)
-    allow_symmetric = _symmetric_shift_allowed()
-    key = (schedule, tuple(lq), tuple(lk), cfg.block_m, cfg.block_n, causal, wl, wr, str(device),
-           allow_symmetric)
+    key = (schedule, tuple(lq), tuple(lk), cfg.block_m, cfg.block_n, causal, wl, wr, str(device))
     hit = _TABLE_CACHE.get(key)
     if hit is not None:
         return hit
     t = kernel_tables(schedule, seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
                       causal=causal, window_left=wl, window_right=wr)
-    if (not interpreting() and not allow_symmetric
-            and any(str(v).startswith("shift-symmetric") for v in t.variants)):
-        warnings.warn("schedule='shift' with a causal mask runs the 'descending' order on the GPU for now: the "
-                      "symmetric causal shift stalled once on an H200 (docs/benchmarks/NOTES.md); "
-                      "DASH_EXPERIMENTAL_SYMMETRIC_SHIFT=1 runs it anyway",
-                      RuntimeWarning, stacklevel=3)
-        t = kernel_tables("descending", seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
-                          causal=causal, window_left=wl, window_right=wr)
     nb, w_max = t.seg_kv.shape[0], t.seg_kv.shape[1]
     perm = torch.zeros((nb, max(w_max, 1)), dtype=torch.int32)
     for b in range(nb):

@@ -5,9 +5,8 @@
 #   1. install, versions                                                    env.txt
 #   2. kernel + HF GPU tests (xdist: compiles run in parallel)              gpu_tests.log
 #   3. hardening tests (another process, occupied SMs, 64k, >65535 seqs)     hardening.log, hardening.jsonl
-#   4. the causal symmetric shift inside a benchmark sequence, opted in
-#      with DASH_EXPERIMENTAL_SYMMETRIC_SHIFT=1 and DASH_DEBUG_WAITS=1, so
-#      a stall names its tile and rank instead of hanging                    shift_bench.log
+#   4. the causal symmetric shift at the shapes that once hung, each in its own
+#      process under a watchdog (scripts/gpu_shift_probe.py)                shift_probe.log
 #   5. the benchmark rows the main run leaves out: hdim 256, GQA 4:1         bench/results.{json,md,png}
 # Usage (from the repo root): OUT=/some/dir bash scripts/gpu_check.sh [steps, default 12345]
 set -o pipefail
@@ -32,11 +31,7 @@ if want 3; then
     | grep -E "^\[|^(FAILED|ERROR)|[0-9]+ (passed|failed)" | tail -50
 fi
 if want 4; then
-  DASH_EXPERIMENTAL_SYMMETRIC_SHIFT=1 DASH_DEBUG_WAITS=1 timeout "${T4:-100}" dash-bench --hdims 128 \
-      --masks causal --seqlens 512,1024,2048 --warmup-ms 10 --rep-ms 50 --cell-timeout 60 \
-      --impls 'dash-ascending,dash-spt,dash-descending,dash-shift' --out /tmp/dash_shift_bench \
-      > "$OUT/shift_bench.log" 2>&1
-  echo "shift experiment exit $?"; grep -E "dash-shift|Stuck|WATCHDOG" "$OUT/shift_bench.log" | tail -8
+  timeout "${T4:-300}" python3 scripts/gpu_shift_probe.py 60 2>&1 | tee "$OUT/shift_probe.log" | tail -8
 fi
 if want 5; then
   timeout "${T5:-200}" dash-bench --hdims 256 --gqa --warmup-ms 10 --rep-ms 50 --max-minutes 2.8 \

@@ -25,7 +25,6 @@ def one(case):
     import torch
     from dash_plugin.kernels import attn_bwd, attn_fwd, tile_config
     from dash_plugin.schedules import kernel_tables
-    attn_bwd._ALLOW_SYMMETRIC_SHIFT = True
     q = torch.randn(int(batch), int(s), int(heads), 128, device="cuda", dtype=torch.bfloat16)
     k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
     kw = dict(softmax_scale=128 ** -0.5, causal=True)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Does the causal symmetric shift stall? Re-runs the benchmark sequence that stalled once
 # (hdim 128 causal S=512, B=32, H=16: auto, atomic, ascending, descending, then shift) in fresh
-# processes, with the real shift tables (DASH_EXPERIMENTAL_SYMMETRIC_SHIFT=1) and no debug waits,
+# processes, with no debug waits,
 # until the time budget is spent. A stall shows as a cell marked 'hung' (exit status 3).
 # Usage: OUT=dir bash scripts/gpu_shift_stress.sh [seconds, default 300]
 OUT=${OUT:-/tmp/dash_shift_stress}; mkdir -p "$OUT"
 BUDGET=${1:-300}; END=$((SECONDS + BUDGET)); i=0
-export DASH_EXPERIMENTAL_SYMMETRIC_SHIFT=1 PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 while (( SECONDS < END )); do
   i=$((i + 1))
   timeout 90 dash-bench --hdims 128 --masks causal --seqlens 512,1024 --warmup-ms 10 --rep-ms 50 \

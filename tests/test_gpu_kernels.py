@@ -26,6 +26,8 @@ N_DETERMINISM = int(os.environ.get("DASH_DETERMINISM_PASSES", "1000"))
 FEATURES = {
     "full": ((2, 384, 384, 4, 4, 64), {}),
     "causal": ((2, 384, 384, 4, 4, 128), {"causal": True}),
+    # four KV tiles of 128: two symmetric pairs, so shift's two programs wait on each other
+    "causal_pairs": ((2, 512, 512, 4, 2, 128), {"causal": True}),
     "causal_sq_lt_sk": ((2, 200, 456, 4, 2, 64), {"causal": True}),
     "causal_sq_gt_sk": ((2, 456, 200, 4, 2, 64), {"causal": True}),
     "window": ((2, 512, 512, 4, 2, 96), {"window_left": 100, "window_right": 30}),
