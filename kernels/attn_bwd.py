@@ -125,41 +125,8 @@ def _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS: tl.
                 tl.store(ERR + 5, h)
                 tl.store(ERR + 6, b)
     else:
-        _spin_until(sem_ptr, rank)
-
-
-# Triton picks the interpreter when @triton.jit runs (import time); so do we.
-COMPILED = tl.constexpr(not interpreting())
-
-
-@triton.jit
-def _spin_until(sem_ptr, rank):
-    """Every thread polls the counter itself with an acquire load until it reads ``rank``.
-
-    Why not `while tl.atomic_add(sem_ptr, 0, sem="acquire") != rank`: Triton runs a scalar atomic
-    on thread 0 and hands the value to the other threads through shared memory, with two block
-    barriers per poll. The causal symmetric shift hung in that loop on the H100/H200 (never in the
-    debug build, which polls the same way but does more per poll: docs/benchmarks/NOTES.md). Here
-    no thread waits for another: the counter can only move past ``rank`` after this program's
-    release, so every thread reads ``rank`` at some point and leaves the loop by itself, and each
-    thread's own acquire orders its own dQ adds after the previous rank's (a warp's 32 polls of
-    one address are one memory transaction). In the interpreter there is nobody to wait for
-    (programs run one after another, the schedules it runs only wait on earlier programs), so
-    the loop ends at once there."""
-    if not COMPILED:
-        cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
         while cur != rank:
             cur = tl.atomic_add(sem_ptr, 0, sem="acquire")
-    else:
-        tl.inline_asm_elementwise(
-            """{
-            .reg .pred not_mine;
-            poll:
-            ld.global.acquire.gpu.b32 $0, [$1];
-            setp.ne.s32 not_mine, $0, $2;
-            @not_mine bra poll;
-            }""",
-            "=r,l,r", [sem_ptr, rank], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -250,13 +217,17 @@ def _kv_program(pid, hk, b,
 
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < head_dim
-    seg_begin = 0
     for seg in range(num_segments):
         if MODE == 1:
             n_tile = tl.load(T_SEGKV + (tb * t_max_workers + worker) * 2 + seg)
             seg_end = tl.load(T_SEGEND + (tb * t_max_workers + worker) * 2 + seg)
+            # Loaded, not carried over from the previous segment: Triton 3.6 compiled a carried
+            # `seg_begin = seg_end` as 0 in the plain build, so the second segment replayed the
+            # first one's Q tiles and ranks and waited forever (docs/benchmarks/NOTES.md).
+            seg_begin = tl.load(T_SEGEND + (tb * t_max_workers + worker) * 2 + seg - 1, mask=seg > 0, other=0)
         else:
             n_tile = worker
+            seg_begin = 0
             seg_end = 0
         if n_tile >= 0:
             n0 = n_tile * BLOCK_N
@@ -337,7 +308,6 @@ def _kv_program(pid, hk, b,
                      (dk * scale).to(DK.dtype.element_ty), mask=kmsk)
             tl.store(DV + b64 * stride_dvb + hk.to(tl.int64) * stride_dvh + c64 * stride_dvs + dims[None, :],
                      dv.to(DV.dtype.element_ty), mask=kmsk)
-        seg_begin = seg_end
 
 
 @triton.jit

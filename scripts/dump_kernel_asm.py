@@ -1,9 +1,10 @@
-"""Compile the KV-stationary backward kernel for sm90 without a GPU and write its TTGIR and PTX,
+"""Compile the KV-stationary backward kernel for sm90 without a GPU and write its TTGIR, PTX and SASS,
 to read what Triton made of the ordered waits (e.g. the causal symmetric shift's stall, which
 happens with DASH_DEBUG_WAITS off and not with it on: docs/benchmarks/NOTES.md).
 Usage: python scripts/dump_kernel_asm.py OUT_DIR [debug_waits 0|1] [persistent 0|1]
 Needs the triton wheel's bundled ptxas; hdim 128 bf16 causal, 64x128 tiles, 8 warps, 3 stages."""
 import os
+import subprocess
 import sys
 
 os.environ.pop("TRITON_INTERPRET", None)   # must be unset before triton is imported
@@ -35,7 +36,15 @@ def main(out_dir, debug="0", persistent="0"):
     for ext in ("ttgir", "ptx"):
         with open(os.path.join(out_dir, f"{tag}.{ext}"), "w") as f:
             f.write(kernel.asm[ext])
-    print(f"wrote {out_dir}/{tag}.ttgir and .ptx")
+    cubin = os.path.join(out_dir, f"{tag}.cubin")
+    with open(cubin, "wb") as f:
+        f.write(kernel.asm["cubin"])
+    # SASS: what ptxas made of the waits (where the release and the polls ended up)
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
+    with open(os.path.join(out_dir, f"{tag}.sass"), "w") as f:
+        f.write(sass)
+    print(f"wrote {out_dir}/{tag}.ttgir, .ptx, .cubin and .sass")
 
 
 if __name__ == "__main__":
