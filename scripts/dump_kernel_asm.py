@@ -30,7 +30,7 @@ def main(out_dir, debug="0", persistent="0"):
     sig = {n: "constexpr" if n in const else POINTER_TYPES.get(n, "fp32" if n in FLOATS else "i32")
            for n in fn.arg_names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=3))
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=3, enable_fp_fusion=True))
     os.makedirs(out_dir, exist_ok=True)
     tag = f"bwd_kv_ordered_debug{debug}_persistent{persistent}"
     for ext in ("ttgir", "ptx"):
