@@ -7,12 +7,19 @@ GPU); the log-sum-exp goes out in natural log, +inf for rows that see no key.
 
 Semantics, layouts and the signature: docs/INTERNALS.md; the oracle: kernels/reference.py.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
 
+try:   # host-side TMA descriptors (Triton >= 3.4)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: pointer loads only
+    TensorDescriptor = None
+
 from . import tile_config
-from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interpreting, load_tile, problem,
+from ._triton_common import (LOG2E, as4d, col_range, dropout_keep, interior_cols, interpreting, load_tile, problem,
                              q_tile_program, seq_chunks, stats_strides, strides4, tanh, visible)
 from .philox import dropout_threshold
 
@@ -20,17 +27,25 @@ from .philox import dropout_threshold
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, n_from, n_to,
                h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k, window_left, window_right,
-               head_dim,
+               head_dim, K_DESC, V_DESC, desc_b, desc_row0, hk,
                MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
-               SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
+               SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Online softmax over the KV tiles [n_from, n_to). MASKED=False is the fast path for tiles
-    that `interior_cols` proved whole and fully visible: no load masks, no score mask."""
+    that `interior_cols` proved whole and fully visible: no load masks, no score mask. With TMA
+    those interior tiles come through the tensor-memory accelerator (host-made descriptors of
+    K and V as (batch, row, head, dim)): the copy engine fetches them, which frees registers and
+    address arithmetic for the software pipeline. Interior tiles never reach past a sequence, so
+    both paths load the same values; edge tiles keep the masked pointer loads."""
     cols0 = tl.arange(0, BLOCK_N)
     for n0 in range(n_from, n_to, BLOCK_N):
         cols = n0 + cols0
-        k = load_tile(k_base, cols, stride_ks, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
-        v = load_tile(v_base, cols, stride_vs, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
+        if TMA and not MASKED:
+            k = K_DESC.load([desc_b, desc_row0 + n0, hk, 0]).reshape(BLOCK_N, BLOCK_D)
+            v = V_DESC.load([desc_b, desc_row0 + n0, hk, 0]).reshape(BLOCK_N, BLOCK_D)
+        else:
+            k = load_tile(k_base, cols, stride_ks, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
+            v = load_tile(v_base, cols, stride_vs, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
         qk = tl.dot(q, tl.trans(k))
         if SOFTCAP:
             s = softcap * tanh(qk * (scale_log2 / 1.4426950408889634 / softcap)) * 1.4426950408889634
@@ -56,7 +71,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, n_f
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K,
+    Q, K, V, O, LSE, CU_Q, CU_K, K_DESC, V_DESC,
     seq_base, seed, drop_threshold, scale_log2, softcap, inv_keep,
     window_left, window_right,
     seqlen_q_dense, seqlen_k_dense, group, head_dim,
@@ -66,7 +81,7 @@ def _fwd_kernel(
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh, stride_ls,
     VARLEN: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
-    SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, REVERSE_M: tl.constexpr, EVEN_D: tl.constexpr,
+    SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, REVERSE_M: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_m, h, b, q_start, seqlen_q, k_start, seqlen_k = q_tile_program(CU_Q, CU_K, seq_base, seqlen_q_dense,
@@ -83,6 +98,7 @@ def _fwd_kernel(
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < head_dim
 
+    desc_b = 0 if VARLEN else b   # the descriptors see a packed varlen tensor as one sequence
     # int64 base offsets: B*S*H*D may exceed 2**31.
     q_base = Q + b.to(tl.int64) * stride_qb + q_start.to(tl.int64) * stride_qs + h.to(tl.int64) * stride_qh
     k_base = K + b.to(tl.int64) * stride_kb + k_start.to(tl.int64) * stride_ks + hk.to(tl.int64) * stride_kh
@@ -105,16 +121,16 @@ def _fwd_kernel(
     # same tiles in the same order as one masked walk over [n_lo, hi).
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, n_lo, a,
                                h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k,
-                               window_left, window_right, head_dim,
-                               True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
+                               window_left, window_right, head_dim, K_DESC, V_DESC, desc_b, k_start, hk,
+                               True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, TMA, BLOCK_N, BLOCK_D)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, a, z,
                                h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k,
-                               window_left, window_right, head_dim,
-                               False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
+                               window_left, window_right, head_dim, K_DESC, V_DESC, desc_b, k_start, hk,
+                               False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, TMA, BLOCK_N, BLOCK_D)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, z, hi,
                                h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k,
-                               window_left, window_right, head_dim,
-                               True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
+                               window_left, window_right, head_dim, K_DESC, V_DESC, desc_b, k_start, hk,
+                               True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, TMA, BLOCK_N, BLOCK_D)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -149,6 +165,31 @@ def mask_params(causal, window_left, window_right):
     return int(window_left), wr
 
 
+def _tma_wanted() -> bool:
+    """DASH_FWD_TMA=0 turns the forward's TMA loads off (read per call); they give the same values."""
+    raw = os.environ.get("DASH_FWD_TMA", "1").strip().lower()
+    if raw not in ("0", "1"):
+        raise ValueError(f"DASH_FWD_TMA={raw!r}: use 1 (on) or 0 (off)")
+    return raw == "1"
+
+
+def _kv_descriptors(k, v, varlen, block_n, block_d, interp):
+    """TMA descriptors of K and V over (batch, row, head, dim) with a (1, BLOCK_N, 1, BLOCK_D)
+    box, or (None, None) where the forward keeps pointer loads: the interpreter, Triton without
+    descriptors, GPUs before Hopper, fp32, or layouts the copy engine cannot address (16-byte
+    aligned base and strides, contiguous head dim)."""
+    if interp or TensorDescriptor is None or not _tma_wanted():
+        return None, None
+    if k.dtype not in (torch.float16, torch.bfloat16) or torch.cuda.get_device_capability(k.device)[0] < 9:
+        return None, None
+    descs = []
+    for t in (as4d(k, varlen), as4d(v, varlen)):
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * t.element_size() % 16 for st in t.stride()[:-1]):
+            return None, None
+        descs.append(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, block_n, 1, block_d]))
+    return descs[0], descs[1]
+
+
 def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                       softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
                       dropout_p=0.0, seed=0):
@@ -168,9 +209,11 @@ def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seql
     if pb.max_seqlen_q == 0 or pb.batch == 0:
         return out.zero_(), lse.fill_(float("inf"))
 
+    k_desc, v_desc = _kv_descriptors(k, v, pb.varlen, cfg.block_n, block_d, interp)
+    use_tma = k_desc is not None
     for base, count in seq_chunks(pb.batch):
         _fwd_kernel[(triton.cdiv(pb.max_seqlen_q, cfg.block_m), pb.heads_q, count)](
-            q, k, v, out, lse, pb.cu_q, pb.cu_k, base,
+            q, k, v, out, lse, pb.cu_q, pb.cu_k, k_desc if use_tma else k, v_desc if use_tma else v, base,
             int(seed), dropout_threshold(dropout_p), float(softmax_scale) * LOG2E, float(softcap),
             1.0 / (1.0 - float(dropout_p)),
             wl, wr,
@@ -179,6 +222,6 @@ def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seql
             *stats_strides(lse, pb.varlen),
             VARLEN=pb.varlen, HAS_WL=wl >= 0, HAS_WR=wr >= 0,
             SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0, REVERSE_M=wr >= 0, EVEN_D=block_d == pb.head_dim,
-            BLOCK_D=block_d, **cfg.launch_args(),
+            TMA=use_tma, BLOCK_D=block_d, **cfg.launch_args(),
         )
     return out, lse

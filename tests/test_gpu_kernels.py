@@ -148,6 +148,32 @@ def test_schedules_agree_with_each_other():
                 assert rel(b, a.double().cpu()) < 1e-2
 
 
+@pytest.mark.parametrize("case", ["causal", "window", "hdim32", "softcap", "dropout", "varlen"])
+def test_forward_tma_loads_give_the_pointer_loads_bits(case, monkeypatch):
+    """The forward's interior KV tiles come through TMA descriptors (default) or pointer loads
+    (DASH_FWD_TMA=0); the values loaded are the same, so out and lse must be bit for bit equal."""
+    if case == "varlen":
+        lens = [300, 1, 700, 130]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        g = torch.Generator(device="cuda").manual_seed(4)
+        q, k, v = (torch.randn(sum(lens), 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        kw = dict(causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens), max_seqlen_k=max(lens))
+        d = 128
+    else:
+        shape, kw = FEATURES[case]
+        shape = (shape[0], 1024, 1024) + shape[3:]   # long enough for interior tiles
+        q, k, v, _ = make(shape, torch.bfloat16, seed=6)
+        d = shape[-1]
+    kw = dict(kw, softmax_scale=d ** -0.5)
+    monkeypatch.setenv("DASH_FWD_TMA", "1")
+    assert attn_fwd._kv_descriptors(k, v, "cu_seqlens_q" in kw, 64, 128, False)[0] is not None, "TMA not taken"
+    with_tma = attn_fwd.attention_forward(q, k, v, **kw)
+    monkeypatch.setenv("DASH_FWD_TMA", "0")
+    with_pointers = attn_fwd.attention_forward(q, k, v, **kw)
+    for a, b in zip(with_tma, with_pointers):
+        assert torch.equal(a, b)
+
+
 def test_two_streams_and_cuda_graph_replay_give_plain_bits():
     q, k, v, do = make((2, 1024, 1024, 8, 8, 128), torch.bfloat16, seed=2)
     kw = dict(softmax_scale=128 ** -0.5, causal=True)

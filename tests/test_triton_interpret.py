@@ -210,3 +210,21 @@ def test_persistent_grid_computes_what_one_program_per_worker_computes(monkeypat
     g64 = reference.attention_backward(*(t.double() for t in (do, q, k, v, out)), lse.double(), **kw)
     for a, b in zip(runs["1"], g64):
         assert _rel(a, b) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("raw, want", [("1", True), ("0", False), (" 0 ", False)])
+def test_fwd_tma_switch_reads_the_environment(monkeypatch, raw, want):
+    monkeypatch.setenv("DASH_FWD_TMA", raw)
+    assert attn_fwd._tma_wanted() is want
+
+
+def test_fwd_tma_switch_names_a_bad_value(monkeypatch):
+    monkeypatch.setenv("DASH_FWD_TMA", "yes please")
+    with pytest.raises(ValueError, match="DASH_FWD_TMA='yes please'"):
+        attn_fwd._tma_wanted()
+
+
+def test_interpreter_forward_keeps_pointer_loads():
+    """The interpreter runs the pointer loads (TMA is a Hopper copy engine): no descriptors there."""
+    k = torch.randn(1, 64, 2, 32)
+    assert attn_fwd._kv_descriptors(k, k, False, 16, 32, True) == (None, None)
