@@ -208,23 +208,25 @@ def _kv_program(pid, hk, b,
         if pid >= tl.load(T_NWORK + tb):
             return
         worker = tl.load(T_PERM + tb * t_max_workers + pid)
+        wrow = tb * t_max_workers + worker   # this worker's row in the per-worker tables
         num_segments = 2
     else:
         if pid * BLOCK_N >= seqlen_k:
             return
         worker = pid
+        wrow = tb * 0
         num_segments = 1
 
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < head_dim
     for seg in range(num_segments):
         if MODE == 1:
-            n_tile = tl.load(T_SEGKV + (tb * t_max_workers + worker) * 2 + seg)
-            seg_end = tl.load(T_SEGEND + (tb * t_max_workers + worker) * 2 + seg)
+            n_tile = tl.load(T_SEGKV + wrow * 2 + seg)
+            seg_end = tl.load(T_SEGEND + wrow * 2 + seg)
             # Loaded, not carried over from the previous segment: Triton 3.6 compiled a carried
             # `seg_begin = seg_end` as 0 in the plain build, so the second segment replayed the
             # first one's Q tiles and ranks and waited forever (docs/benchmarks/NOTES.md).
-            seg_begin = tl.load(T_SEGEND + (tb * t_max_workers + worker) * 2 + seg - 1, mask=seg > 0, other=0)
+            seg_begin = tl.load(T_SEGEND + wrow * 2 + seg - 1, mask=seg > 0, other=0)
         else:
             n_tile = worker
             seg_begin = 0
@@ -256,7 +258,7 @@ def _kv_program(pid, hk, b,
                 delta_base = DELTA + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls
                 sem_base = SEM + (b64 * heads_q + h64) * num_m_max
                 if MODE == 1:
-                    tq = (tb * t_max_workers + worker) * t_max_steps
+                    tq = wrow * t_max_steps
                     for step in range(seg_begin, seg_end):
                         m_tile = tl.load(T_QTILE + tq + step)
                         rank = tl.load(T_RANK + tq + step)
