@@ -6,6 +6,7 @@ can run here; `attention_backward` has the kernel-level signature of the Triton 
 from __future__ import annotations
 
 import importlib.util
+from functools import lru_cache
 
 import torch
 
@@ -49,10 +50,11 @@ def unsupported_reason(q, k, *, varlen: bool, causal: bool, window_left: int, wi
     return None
 
 
+@lru_cache(maxsize=128)
 def plan_tables(schedule: str, *, seqlen: int, head_dim: int, causal: bool,
                 element_size: int = 2) -> VisitTables:
     """The per-KV-tile tables of `schedule` at this backend's tile sizes (atomic walks the
-    ascending order and ignores the ranks)."""
+    ascending order and ignores the ranks). Built and checked once per shape."""
     bm, bn = bwd_tiles(head_dim, causal)
     group = cyclic_group_size(seqlen, head_dim, element_size) if schedule == "shift" else None
     tables = visit_tables("ascending" if schedule == "atomic" else schedule, seqlen_q=seqlen,

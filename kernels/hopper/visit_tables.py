@@ -101,12 +101,13 @@ def visit_tables(schedule: str, *, seqlen_q: int, seqlen_k: int, block_m: int, b
 def check_waits_follow_launch(tables: VisitTables) -> None:
     """Every dQ add waits only for KV tiles launched before it or inside its own group, so a
     grid dispatched in launch order can always make progress (see docs/INTERNALS.md)."""
-    n = tables.count.numel()
+    counts, q_tiles, ranks = (t.tolist() for t in (tables.count, tables.q_tile, tables.rank))
+    n = len(counts)
     position = {kv: (n - 1 - kv if tables.kv_descending else kv) for kv in range(n)}
     by_tile: dict[int, list[tuple[int, int]]] = {}
     for kv in range(n):
-        for i in range(int(tables.count[kv])):
-            by_tile.setdefault(int(tables.q_tile[kv, i]), []).append((int(tables.rank[kv, i]), kv))
+        for i in range(counts[kv]):
+            by_tile.setdefault(q_tiles[kv][i], []).append((ranks[kv][i], kv))
     g = tables.group_size
     for q, adds in by_tile.items():
         adds.sort()
