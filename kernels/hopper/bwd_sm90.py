@@ -61,47 +61,59 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     def dQaccum_store(self, mdQaccum: cute.Tensor, sdQaccum: cute.Tensor, block_info,
                       TileSchedulerCls: cutlass.Constexpr, SeqlenInfoCls: cutlass.Constexpr,
                       blocksparse_tensors=None, mdQ_semaphore=None):
+        """The dQ-writer warp. With index lists (`blocksparse_tensors`: the plan's visit order
+        and ranks) it walks them; without, the visit order is ascending and the rank has the
+        closed form of the ascending/spt plans (tested equal to the tables on the CPU)."""
         lane = cute.arch.thread_idx()[0] % cute.arch.WARP_SIZE
-        visits = blocksparse_tensors.mask_block_cnt
-        q_tiles = blocksparse_tensors.mask_block_idx
-        ranks = blocksparse_tensors.dq_write_order
-        chunks = self.num_wg_dQ  # each consumer warpgroup hands over its own slice of the tile
-        chunk_layout = cute.make_layout((self.tile_m * self.tile_hdim // chunks, chunks))
-        handshake = self.num_threads_per_warp_group + cute.arch.WARP_SIZE
+        chunk_layout = cute.make_layout((self.tile_m * self.tile_hdim // self.num_wg_dQ, self.num_wg_dQ))
         scheduler = TileSchedulerCls()
         work = scheduler.initial_work_tile_info()
         while work.is_valid_tile:
             n_block, head, batch, _ = work.tile_idx
             gdQ = cute.local_tile(mdQaccum[None, head, batch], (chunk_layout,), (None,))
-            my_q_tiles = q_tiles[batch, head, n_block, None]
-            my_ranks = ranks[batch, head, n_block, None]
-            for step in cutlass.range(visits[batch, head, n_block], unroll=1):
-                m_block = my_q_tiles[step]
-                # Shared dQ buffer free again: ordered mode already waited for the last add.
-                for c in cutlass.range_constexpr(chunks):
-                    if const_expr(not self.deterministic):
-                        cute.arch.cp_async_bulk_wait_group(chunks - 1 - c, read=True)
-                    cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + c,
-                                             number_of_threads=handshake)
-                if const_expr(self.deterministic):
-                    counter = mdQ_semaphore[None, None, head, batch][(m_block, None)].iterator
-                    barrier.wait_eq(counter, lane, 0, my_ranks[step])
-                for c in cutlass.range_constexpr(chunks):
-                    cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFullWG0) + c,
-                                      number_of_threads=handshake)
-                    with cute.arch.elect_one():
-                        copy_utils.cpasync_reduce_bulk_add_f32(
-                            sdQaccum[None, c].iterator, gdQ[(None, c), m_block].iterator,
-                            self.tma_copy_bytes["dQ"])
-                    cute.arch.cp_async_bulk_commit_group()
-                if const_expr(self.deterministic):
-                    # read=False: the add has landed in global memory, not only left smem.
-                    cute.arch.cp_async_bulk_wait_group(0, read=False)
-                    barrier.arrive_inc(counter, lane, 0, 1)
+            counters = mdQ_semaphore[None, None, head, batch] if const_expr(self.deterministic) else None
+            if const_expr(blocksparse_tensors is not None):
+                q_tiles = blocksparse_tensors.mask_block_idx[batch, head, n_block, None]
+                ranks = blocksparse_tensors.dq_write_order[batch, head, n_block, None]
+                for step in cutlass.range(blocksparse_tensors.mask_block_cnt[batch, head, n_block], unroll=1):
+                    self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane)
+            else:
+                seqlen = SeqlenInfoCls(batch)
+                m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
+                for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
+                    rank = n_block
+                    if const_expr(self.kv_descending):  # spt: the last visible KV tile adds first
+                        rank = block_info.get_n_block_min_max(seqlen, m_block)[1] - 1 - n_block
+                    self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane)
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
         if const_expr(not self.deterministic):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def _add_dq_tile(self, sdQaccum, gdQ, counters, m_block, rank, lane):
+        """Add the consumers' fp32 dQ partial of Q tile `m_block` (in shared memory, one chunk
+        per consumer warpgroup) to the global accumulator; ordered mode adds as number `rank`."""
+        chunks = self.num_wg_dQ
+        handshake = self.num_threads_per_warp_group + cute.arch.WARP_SIZE
+        # Shared dQ buffer free again: ordered mode already waited for the last add.
+        for c in cutlass.range_constexpr(chunks):
+            if const_expr(not self.deterministic):
+                cute.arch.cp_async_bulk_wait_group(chunks - 1 - c, read=True)
+            cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + c,
+                                     number_of_threads=handshake)
+        if const_expr(self.deterministic):
+            barrier.wait_eq(counters[(m_block, None)].iterator, lane, 0, rank)
+        for c in cutlass.range_constexpr(chunks):
+            cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFullWG0) + c, number_of_threads=handshake)
+            with cute.arch.elect_one():
+                copy_utils.cpasync_reduce_bulk_add_f32(
+                    sdQaccum[None, c].iterator, gdQ[(None, c), m_block].iterator, self.tma_copy_bytes["dQ"])
+            cute.arch.cp_async_bulk_commit_group()
+        if const_expr(self.deterministic):
+            # read=False: the add has landed in global memory, not only left shared memory.
+            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
 
 
 def tiles(head_dim: int, causal: bool):
@@ -162,14 +174,16 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     if deterministic and group > 1:
         sem_dk = torch.zeros(batch, heads_kv, sk_r // tn, 2, dtype=torch.int32, device=dev)
         sem_dv = torch.zeros_like(sem_dk)
-    count, q_tile, rank = _tables_on_device(tables, batch, heads, dev)
+    count, q_tile, rank = _tables_on_device(tables, batch, heads, dev) if not tables.closed_form else (None,) * 3
 
     fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, None, None, None, dtype,
                         head_dim, head_dim, tm, fake_mode=False, hdim_multiple_of=multiple)
 
     # Size-1 dimensions get specialised strides at compile time, so they are part of the key.
-    ones = tuple(n == 1 for n in (batch, heads, heads_kv, sq_r // tm, sk_r // tn, q_tile.shape[-1]))
-    key = (dtype, head_dim, group, causal, deterministic, tables.kv_descending, ones)
+    ones = tuple(n == 1 for n in (batch, heads, heads_kv, sq_r // tm, sk_r // tn,
+                                  tables.q_tile.shape[-1]))
+    index_lists = not tables.closed_form
+    key = (dtype, head_dim, group, causal, deterministic, tables.kv_descending, index_lists, ones)
     if key not in _compiled:
         kernel = OrderedBackwardSm90(
             dtype, head_dim, head_dim, group, causal, is_local=False, deterministic=deterministic,
@@ -183,7 +197,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
                     t, leading_dim=3, alignment=4, stride_order=t.dim_order())
                 for t in (sem_dq, sem_dk, sem_dv)]
         sparse = to_cute_block_sparse_tensors(BlockSparseTensorsTorch(
-            mask_block_cnt=count, mask_block_idx=q_tile, dq_write_order=rank, block_size=(tm, tn)))
+            mask_block_cnt=count, mask_block_idx=q_tile, dq_write_order=rank,
+            block_size=(tm, tn))) if index_lists else None
         _compiled[key] = cute.compile(
             kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
             softmax_scale, None, None, None, None, None, None, *sems,
@@ -192,8 +207,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             options="--enable-tvm-ffi")
     _compiled[key](q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out, softmax_scale,
                    None, None, None, None, None, None, sem_dq, sem_dk, sem_dv,
-                   fa4_utils.AuxData(None, None), (count, q_tile, None, None, None, None, rank, None),
-                   None)
+                   fa4_utils.AuxData(None, None),
+                   (count, q_tile, None, None, None, None, rank, None) if index_lists else None, None)
 
     threads_dq = 128 if cfg.dQ_single_wg else cfg.num_wg * 128
     fa4._bwd_postprocess_convert(dq_accum, dq, softmax_scale, None, None, 90, dtype, head_dim, tm,

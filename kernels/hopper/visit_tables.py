@@ -31,6 +31,7 @@ class VisitTables:
     count[n]: Q tiles KV tile n visits; q_tile[n, :count[n]]: them in visit order;
     rank[n, i]: position of that contribution in the dQ tile's addition order. Padding is -1.
     kv_descending: launch the KV tiles from the last one down (else from the first up).
+    closed_form: the kernel may compute the order instead of reading it (see `_is_closed_form`).
     """
 
     count: torch.Tensor
@@ -39,6 +40,7 @@ class VisitTables:
     kv_descending: bool
     group_size: int
     variant: str
+    closed_form: bool = False
 
 
 # How many consecutive CTAs may wait on each other. The kernel's tile scheduler (FA4's) launches
@@ -95,7 +97,25 @@ def visit_tables(schedule: str, *, seqlen_q: int, seqlen_k: int, block_m: int, b
             q_tile[seg.kv, :k] = torch.tensor(seg.q_tiles, dtype=torch.int32)
             if seg.ranks is not None:
                 rank[seg.kv, :k] = torch.tensor(seg.ranks, dtype=torch.int32)
-    return VisitTables(count, q_tile, rank, kv_descending, seq.group_size, seq.variant)
+    return VisitTables(count, q_tile, rank, kv_descending, seq.group_size, seq.variant,
+                       _is_closed_form(seq, kv_descending))
+
+
+def _is_closed_form(seq, kv_descending: bool) -> bool:
+    """True when every KV tile visits its Q tiles in ascending order and each rank is what the
+    kernel's closed form gives: the KV tile's index (launched ascending), or the last KV tile
+    visible from the row minus it (launched descending, i.e. spt). Then the kernel walks
+    m_min..m_max-1 and computes the rank, with no table reads on its critical path."""
+    geo = seq.geometry
+    for w in seq.workers:
+        seg = w.segments[0]
+        lo, hi = geo.kv_range[seg.kv]
+        if list(seg.q_tiles) != list(range(lo, hi + 1)) or seg.ranks is None:
+            return False
+        want = [geo.q_range[m][1] - seg.kv if kv_descending else seg.kv for m in seg.q_tiles]
+        if list(seg.ranks) != want:
+            return False
+    return True
 
 
 def check_waits_follow_launch(tables: VisitTables) -> None:
