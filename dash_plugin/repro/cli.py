@@ -177,18 +177,38 @@ def _start_run(d: Path, cmd: list[str], env: dict, shown_env: str):
     return proc, log
 
 
+def _finished(d: Path, proc: subprocess.Popen, bar, total: int) -> bool:
+    """Bring the run's progress bar up to date; True once the run has ended with exit 0 (its INCOMPLETE marker
+    is then removed), RunFailed with the log's tail if it failed."""
+    ended = proc.poll() is not None  # before counting: an ended run has written all its steps
+    done = min(total, _count_lines(d / "steps.jsonl"))
+    if done > bar.n:
+        bar.update(done - bar.n)
+    if not ended:
+        return False
+    if proc.returncode != 0:
+        _mark_incomplete(d, f"the training failed (exit {proc.returncode}); see {d / 'train.log'}")
+        tail = "".join((d / "train.log").read_text().splitlines(True)[-25:])
+        raise RunFailed(f"training run {d} failed (exit {proc.returncode}); end of {d / 'train.log'}:\n{tail}")
+    (d / INCOMPLETE).unlink()
+    return True
+
+
 def _stop_runs(running: list, why: str) -> list[Path]:
-    """Kill the whole process group of every running run, wait for it, and mark the run incomplete."""
+    """Kill the whole process group of every run in `running` (a failed launcher may leave workers), wait for
+    it, and mark the runs that were still training incomplete. Returns those runs' directories."""
     stopped = []
-    for _, d, proc, log in running:
+    for d, proc, log, _ in running:
+        was_training = proc.poll() is None  # else it failed by itself, and its marker says how
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # SIGKILL: nothing of a half-done run is worth saving
         except ProcessLookupError:
             pass
         proc.wait()
         log.close()
-        _mark_incomplete(d, f"{why}; its process group {proc.pid} was killed")
-        stopped.append(d)
+        if was_training:
+            _mark_incomplete(d, f"{why}; its process group {proc.pid} was killed")
+            stopped.append(d)
     running.clear()
     return stopped
 
@@ -216,9 +236,9 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
     total = _steps_in(train_args)
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")  # the same string hashing in every run
-    bars = {}  # index -> bar, created when that run starts (so its clock is the run's)
     pending = list(enumerate(out_dirs))
-    running: list[tuple[int, Path, subprocess.Popen, object]] = []
+    running: list[tuple[Path, subprocess.Popen, object, object]] = []  # (dir, process, log, bar)
+    bars = []
     signals = _SignalsStopRuns()
     with signals.installed():
         try:
@@ -230,30 +250,23 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
                     if devices is not None:
                         run_env = {**env, "CUDA_VISIBLE_DEVICES": devices[i]}
                         shown = f"CUDA_VISIBLE_DEVICES={devices[i]} "
+                    # Parallel runs draw one line each (fixed positions, cursor moves). A sequential run's bar
+                    # is closed when the run ends, so the next one simply starts on the line below: no cursor
+                    # moves, which consoles and log files without them turn into bars over bars.
+                    bar = tqdm(total=total, desc=f"{desc}{d.name}", unit="step", position=i if parallel else None,
+                               leave=True, dynamic_ncols=True, mininterval=0.5)
+                    bars.append(bar)
                     with signals.held():  # a run that has started is always in `running`, for the cleanup
                         proc, log = _start_run(d, cmd, run_env, shown)
-                        running.append((i, d, proc, log))
-                    # Parallel runs get one line each; sequential ones reuse the free line below the last
-                    # finished bar (a fixed position per run would draw run2 over the report of run1).
-                    bars[i] = tqdm(total=total, desc=f"{desc}{d.name}", unit="step",
-                                   position=i if parallel else None, leave=True, dynamic_ncols=True,
-                                   mininterval=0.5)
+                        running.append((d, proc, log, bar))
                 time.sleep(0.2)
                 for item in list(running):
-                    _, d, proc, log = item
-                    bar = bars[item[0]]
-                    done = min(total, _count_lines(d / "steps.jsonl"))
-                    if done > bar.n:
-                        bar.update(done - bar.n)
-                    if proc.poll() is not None:
+                    d, proc, log, bar = item
+                    if _finished(d, proc, bar, total):
                         log.close()
                         running.remove(item)
-                        if proc.returncode != 0:
-                            _mark_incomplete(d, f"the training failed (exit {proc.returncode}); see {d / 'train.log'}")
-                            tail = "".join((d / "train.log").read_text().splitlines(True)[-25:])
-                            raise RunFailed(f"training run {d} failed (exit {proc.returncode}); "
-                                            f"end of {d / 'train.log'}:\n{tail}")
-                        (d / INCOMPLETE).unlink()
+                        if not parallel:
+                            bar.close()
         except BaseException as e:
             why = (str(e) if isinstance(e, Interrupted) else "stopped because another run failed"
                    if isinstance(e, RunFailed) else f"stopped after an error in dash-repro ({type(e).__name__})")
@@ -264,8 +277,8 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
                 raise Interrupted(e.signum, f"{e}; the training was killed and marked incomplete: {marked}") from None
             raise
         finally:
-            for b in bars.values():
-                b.close()
+            for bar in bars:
+                bar.close()
 
 
 def run_twice(train_args, out: Path, *, script: Path, parallel: bool = False, desc: str = "",
