@@ -65,12 +65,12 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="output directory (steps.jsonl, meta.json, final weights)")
     p.add_argument("--size", choices=list(SIZES), default="tiny",
                    help=f"model size (default %(default)s). {describe_sizes()}")
-    p.add_argument("--steps", type=int, default=30, help="optimizer steps to run in total")
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps to run in total (default %(default)s)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens (bytes) per sequence (default: per size)")
     p.add_argument("--batch-size", type=int, default=None, help="sequences per step and process (default: per size)")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of AdamW (default %(default)s)")
     p.add_argument("--warmup", type=int, default=5, help="linear warm-up steps before the cosine decay")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and all RNGs")
     p.add_argument("--attn", default="dash", help='attn_implementation (default "dash"; "sdpa", "eager" to compare)')
     p.add_argument("--schedule", default=None,
                    help="dash backward schedule, set through dash_plugin.configure (atomic = nondeterministic)")

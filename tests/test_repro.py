@@ -1,6 +1,5 @@
 """Unit tests of dash_plugin.repro: dataset, digests, comparison of logs, plot, and the determinism helper."""
 
-import json
 import os
 
 import pytest

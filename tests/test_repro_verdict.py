@@ -191,7 +191,8 @@ def stand_in(tmp_path):
     template = write_run(tmp_path / "template", 2)
     script = tmp_path / "stand_in.py"
     script.write_text("import shutil, sys\n"
-                      f"shutil.copytree({str(template)!r}, sys.argv[sys.argv.index('--out') + 1], dirs_exist_ok=True)\n")
+                      f"shutil.copytree({str(template)!r}, sys.argv[sys.argv.index('--out') + 1],"
+                      " dirs_exist_ok=True)\n")
     return script
 
 
@@ -218,7 +219,8 @@ def test_run_with_out_that_is_a_file(tmp_path, stand_in, capsys):
     out.write_text("not a directory")
     assert main(["run", "--out", str(out), "--script", str(stand_in)]) == 2
     err = capsys.readouterr().err
-    assert f"--out {out} is not allowed: {out} is a file; pass a directory" in err and "Traceback" not in err
+    assert f"cannot make the run directory {out / 'run1'}: {out} is a file; pass a directory as --out" in err
+    assert "Traceback" not in err
 
 
 def screen(text: str) -> list[str]:
@@ -331,6 +333,19 @@ def test_sigterm_stops_the_whole_run_and_marks_it_incomplete(tmp_path, capsys):
 
     write_run(out / "run2", 2)  # even against a good run, the stopped one is refused
     refused(capsys, out / "run1", out / "run2", f"{out / 'run1'} is an incomplete run", "stopped by SIGTERM")
+
+
+def test_a_signal_while_a_run_starts_is_held_until_the_run_can_be_stopped():
+    from dash_plugin.repro.cli import Interrupted, _SignalsStopRuns
+
+    signals, steps = _SignalsStopRuns(), []
+    with pytest.raises(Interrupted, match="stopped by SIGTERM"):
+        with signals.held():
+            signals(signal.SIGTERM, None)  # what the handler does when SIGTERM arrives here
+            steps.append("the run is registered for the cleanup")
+    assert steps == ["the run is registered for the cleanup"]
+    with pytest.raises(Interrupted, match="stopped by SIGHUP"):
+        signals(signal.SIGHUP, None)  # outside held(): at once
 
 
 def test_failed_run_is_marked_incomplete(tmp_path, capsys):

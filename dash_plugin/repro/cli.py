@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import traceback
@@ -147,7 +148,8 @@ def claim_run_dirs(dirs: list[Path], replace: bool = False) -> None:
     for d in dirs:
         blocker = _file_in_the_way(d)
         if blocker is not None:
-            raise RunFailed(f"cannot make the run directory {d}: {blocker} is a file; pass a directory for --out")
+            raise RunFailed(f"cannot make the run directory {d}: {blocker} is a file; pass a directory as --out "
+                            f"(it is made if missing)")
     taken = [d for d in dirs if d.is_dir() and any(d.iterdir())]
     if taken and not replace:
         raise RunFailed(f"{' and '.join(map(str, taken))} already hold{'s' if len(taken) == 1 else ''} results "
@@ -300,16 +302,13 @@ def cmd_run(args, train_args) -> int:
                         "CUDA_VISIBLE_DEVICES for the launcher instead")
     devices = parse_devices(args.devices, 2)
     out = Path(args.out)
-    if _file_in_the_way(out) is not None:
-        raise RunFailed(f"--out {out} is not allowed: {_file_in_the_way(out)} is a file; pass a directory "
-                        f"(it is made if missing)")
     cmp = run_twice(train_args, out, script=script, parallel=args.parallel, launch=args.launch,
                     devices=devices, replace=args.force)
     print(cmp.report())
     if args.plot:
         from dash_plugin.repro.plot import plot_runs
 
-        png = plot_runs(cmp.run_a, cmp.run_b, Path(args.out) / "loss.png")
+        png = plot_runs(cmp.run_a, cmp.run_b, out / "loss.png")
         print(f"plot: {png}")
     return 0 if cmp.identical else 1
 
@@ -397,9 +396,9 @@ def run_epilog(argv: list[str]) -> str:
         script = find_script(known.script)
     except RunFailed as e:
         return f"training options: {e}"
-    return (f"Every other option goes to the training script ({script}) unchanged, the same for both runs; "
-            f"`--` ends dash-repro's own options. dash-repro sets the script's --out to OUT/run1 and OUT/run2.\n\n"
-            f"training {training_help(script)}")
+    intro = (f"Every other option goes to the training script ({script}) unchanged, the same for both runs; "
+             f"`--` ends dash-repro's own options. dash-repro sets the script's --out to OUT/run1 and OUT/run2.")
+    return f"{textwrap.fill(intro, 100)}\n\ntraining {training_help(script)}"
 
 
 def build_parser(run_epilog_text: str | None = None) -> argparse.ArgumentParser:
