@@ -312,6 +312,7 @@ def test_sigterm_stops_the_whole_run_and_marks_it_incomplete(tmp_path, capsys):
         assert pids.exists(), cli.communicate(timeout=30)
         trainer, worker = map(int, pids.read_text().split())
         assert _alive(trainer) and _alive(worker) and set(_group_members(trainer)) == {trainer, worker}
+        assert f"(process group {trainer})" in (out / "run1" / "INCOMPLETE").read_text()  # while it trains
 
         cli.send_signal(signal.SIGTERM)
         _, err = cli.communicate(timeout=60)

@@ -176,6 +176,8 @@ def _start_run(d: Path, cmd: list[str], env: dict, shown_env: str):
     except OSError:
         log.close()
         raise
+    # If dash-repro itself is killed (SIGKILL cannot be caught), this says which processes to stop.
+    _mark_incomplete(d, f"dash-repro run started this run (process group {proc.pid}) and did not see it finish")
     return proc, log
 
 
