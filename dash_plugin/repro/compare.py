@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dash_plugin.repro.fingerprint import (WEIGHTS_FILE, RunFileError, file_sha256, from_exact, layer_of,
-                                           read_json, read_jsonl, tensor_digest)
+from dash_plugin.repro.fingerprint import (FINAL_FILE, WEIGHTS_FILE, RunFileError, file_sha256, from_exact,
+                                           layer_of, read_json, read_jsonl, tensor_digest)
 
 EXACT_FIELDS = ("loss", "grad_norm", "lr")  # exact hex floats
 DIGEST_FIELDS = ("params", "grads")  # name -> digest
@@ -105,7 +105,7 @@ def _layer_key(layer: str):
 
 # --- reading a run directory ------------------------------------------------------------------------------
 
-STEPS, META, FINAL = "steps.jsonl", "meta.json", "final.json"
+STEPS, META, FINAL = "steps.jsonl", "meta.json", FINAL_FILE
 INCOMPLETE = "INCOMPLETE"  # written by `dash-repro run` while a run trains; left with the reason if it did not end
 
 
@@ -170,7 +170,8 @@ def _read_meta(path: Path) -> dict:
 
 
 def _read_final(path: Path) -> dict:
-    """final.json, checked: 'tensors' (name -> digest), and 'weights_file' with 'weights_sha256'."""
+    """final.json, checked: 'tensors' (name -> digest), and 'weights_file' (set where an older run has none)
+    with 'weights_sha256'."""
     hint = "the run did not finish"
     if (path / "checkpoint").is_dir():
         hint += f" (it stopped early: continue it with --resume-from {path / 'checkpoint'})"
@@ -179,8 +180,7 @@ def _read_final(path: Path) -> dict:
     if not isinstance(tensors, dict) or not tensors or not all(isinstance(v, str) for v in tensors.values()):
         raise RunFileError(f"{path / FINAL}: 'tensors' must be a non-empty object of tensor name -> digest "
                            f"(has {tensors!r:.60})")
-    # Older runs have no 'weights_file': they always saved model.safetensors.
-    weights_file = final.get("weights_file", WEIGHTS_FILE)
+    weights_file = final.setdefault("weights_file", WEIGHTS_FILE)  # older runs always saved model.safetensors
     if weights_file not in (WEIGHTS_FILE, None):
         raise RunFileError(f"{path / FINAL}: 'weights_file' must be {WEIGHTS_FILE!r} or null, "
                            f"not {weights_file!r}")
@@ -228,7 +228,7 @@ def load_run(path) -> Run:
     steps = load_steps(path)
     meta = _read_meta(path)
     final = _read_final(path)
-    if final.get("weights_file", WEIGHTS_FILE) is None:
+    if final["weights_file"] is None:  # written without a weight file: the recorded digests are all there is
         return Run(path, meta, steps, None, final["tensors"])
     sha, digests = _check_weights(path, final)
     return Run(path, meta, steps, sha, digests)

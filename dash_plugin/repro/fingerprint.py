@@ -1,4 +1,5 @@
-"""Fingerprints of a training step: exact scalars and cheap, exact digests of tensors.
+"""Fingerprints of a training step: exact scalars and cheap, exact digests of tensors; and the reading and
+writing of the run files that hold them (JSON with errors that name the file and line, the final weights).
 
 `tensor_digest` hashes the bits of a tensor on the device that holds it, without copying it to the host:
 the tensor's bit patterns, read as integers, are summed with two sets of odd position weights in wrapping
@@ -133,13 +134,13 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 
-WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_FILE, FINAL_FILE = "model.safetensors", "final.json"
 
 
 def clear_final(out) -> None:
     """Remove the final.json and weight file of an earlier run in OUT: a run directory being rewritten must not
     look finished (with the old weights) if this run is stopped before it writes its own."""
-    for name in ("final.json", WEIGHTS_FILE):
+    for name in (FINAL_FILE, WEIGHTS_FILE):
         (Path(out) / name).unlink(missing_ok=True)
 
 
@@ -159,7 +160,7 @@ def write_final(out, state_dict: dict[str, torch.Tensor], save_weights: bool = T
         final.update(weights_file=WEIGHTS_FILE, weights_sha256=file_sha256(path))
     else:
         final.update(weights_file=None, weights_sha256=None)
-    (out / "final.json").write_text(json.dumps(final, indent=1))
+    (out / FINAL_FILE).write_text(json.dumps(final, indent=1))
 
 
 # Dense bf16 peak of the GPUs we expect, in FLOP/s (vendor data sheets, SXM parts, no sparsity).
