@@ -11,13 +11,12 @@ safetensors and hashed. `dash-repro compare` finds the first step where two such
     python examples/train_accelerate.py --size tiny --steps 30 --resume-from runs/b/checkpoint --out runs/c
     accelerate launch --num_processes 2 examples/train_accelerate.py --size small --steps 50 --out runs/ddp
 
-Sizes: tiny (CPU, seconds), small, base (~100M), 1b (one GPU, bf16). On a GPU the default mixed precision is bf16.
+Sizes: see --help (--size). On a GPU the default mixed precision is bf16.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import random
@@ -37,19 +36,41 @@ SIZES = {
     "base": (12, 768, 12, 4, 2048, 1024, 8),
     "1b": (16, 2048, 32, 8, 8192, 2048, 4),
 }
+SIZE_USE = {"tiny": "the CPU demo", "small": "a CPU (slow at long sequences) or a GPU", "base": "one GPU",
+            "1b": "one GPU with bf16"}
+
+
+def n_params(size: str) -> int:
+    """Parameters of a size: embeddings and lm_head (256 bytes each), per layer q/k/v/o, the gated MLP and two
+    norms, and the final norm (the same count LlamaForCausalLM gives)."""
+    layers, hidden, heads, kv, mlp, _, _ = SIZES[size]
+    kv_width = kv * (hidden // heads)
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * mlp + 2 * hidden
+    return layers * per_layer + 2 * 256 * hidden + hidden
+
+
+def describe_sizes() -> str:
+    """One line per size, for --help."""
+    lines = []
+    for name, (layers, hidden, heads, kv, mlp, seq, batch) in SIZES.items():
+        lines.append(f"{name}: {layers} layers, hidden {hidden}, {heads} heads ({kv} KV), MLP {mlp}, "
+                     f"{n_params(name) / 1e6:.3g}M parameters, default --seq-len {seq} and --batch-size {batch}; "
+                     f"for {SIZE_USE[name]}")
+    return "; ".join(lines)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="output directory (steps.jsonl, meta.json, final weights)")
-    p.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    p.add_argument("--steps", type=int, default=30, help="optimizer steps to run in total")
+    p.add_argument("--size", choices=list(SIZES), default="tiny",
+                   help=f"model size (default %(default)s). {describe_sizes()}")
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps to run in total (default %(default)s)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens (bytes) per sequence (default: per size)")
     p.add_argument("--batch-size", type=int, default=None, help="sequences per step and process (default: per size)")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate of AdamW (default %(default)s)")
     p.add_argument("--warmup", type=int, default=5, help="linear warm-up steps before the cosine decay")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and all RNGs")
     p.add_argument("--attn", default="dash", help='attn_implementation (default "dash"; "sdpa", "eager" to compare)')
     p.add_argument("--schedule", default=None,
                    help="dash backward schedule, set through dash_plugin.configure (atomic = nondeterministic)")
@@ -150,19 +171,47 @@ def save_checkpoint(path: Path, accelerator, model, optimizer, step, epoch, inde
     accelerator.wait_for_everyone()
 
 
-def load_checkpoint(path: Path, accelerator, model, optimizer):
+def read_checkpoint_state(path: Path, rank: int) -> dict:
+    """state.json of a --resume-from checkpoint, after checking that all its files are there; SystemExit
+    naming the directory or file otherwise."""
+    from dash_plugin.repro.fingerprint import RunFileError, read_json
+
+    if not path.is_dir():
+        raise SystemExit(f"--resume-from {path}: no such checkpoint directory (--stop-at K writes OUT/checkpoint)")
+    files = ["state.json", "model.safetensors", "optimizer.pt", f"rng_{rank}.pt", "steps.jsonl"]
+    missing = [f for f in files if not (path / f).is_file()]
+    if missing:
+        raise SystemExit(f"--resume-from {path}: not a complete checkpoint, missing {', '.join(missing)}")
+    try:
+        state = read_json(path / "state.json")
+    except RunFileError as e:
+        raise SystemExit(f"--resume-from: {e}") from None
+    keys = {"step", "epoch", "next_index", "args"}
+    if not isinstance(state, dict) or not keys <= set(state):
+        raise SystemExit(f"--resume-from: {path / 'state.json'} must be an object with {', '.join(sorted(keys))}")
+    return state
+
+
+def _load_part(path: Path, load):
+    """load(path), or SystemExit naming the file: a damaged checkpoint must say which of its files is bad."""
+    try:
+        return load(path)
+    except Exception as e:  # safetensors, torch.load and load_state_dict raise many different types
+        raise SystemExit(f"--resume-from: {path} cannot be loaded ({type(e).__name__}: {e})") from None
+
+
+def load_checkpoint(path: Path, accelerator, model, optimizer) -> None:
     from safetensors.torch import load_file
 
-    state = json.loads((path / "state.json").read_text())
-    accelerator.unwrap_model(model).load_state_dict(load_file(path / "model.safetensors"))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    rng = torch.load(path / f"rng_{accelerator.process_index}.pt", weights_only=False)
+    module = accelerator.unwrap_model(model)
+    _load_part(path / "model.safetensors", lambda p: module.load_state_dict(load_file(p)))
+    _load_part(path / "optimizer.pt", lambda p: optimizer.load_state_dict(torch.load(p, weights_only=False)))
+    rng = _load_part(path / f"rng_{accelerator.process_index}.pt", lambda p: torch.load(p, weights_only=False))
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return state
 
 
 def vars_for_json(args) -> dict:
@@ -185,8 +234,8 @@ def main(argv=None) -> int:
 
     from dash_plugin.integrations.accelerate import setup_deterministic_training
     from dash_plugin.repro.data import ByteBlocks, stdlib_corpus
-    from dash_plugin.repro.fingerprint import (exact, grad_digests, param_digests, peak_flops,
-                                               tensor_digest, train_flops_per_token, write_jsonl)
+    from dash_plugin.repro.fingerprint import (clear_final, exact, grad_digests, param_digests, peak_flops,
+                                               train_flops_per_token, write_jsonl)
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -198,6 +247,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
+        clear_final(out)
         print(setup.summary(), flush=True)
 
     # Data: enough bytes for every step to see a fresh block (plus the validation share), at least 1 MB.
@@ -227,8 +277,9 @@ def main(argv=None) -> int:
     steps_log = out / "steps.jsonl"
     if args.resume_from:
         ckpt = Path(args.resume_from)
-        state = load_checkpoint(ckpt, accelerator, model, optimizer)
-        check_resume_args(state["args"], args)
+        state = read_checkpoint_state(ckpt, accelerator.process_index)
+        check_resume_args(state["args"], args)  # before loading: weights of another size would not fit
+        load_checkpoint(ckpt, accelerator, model, optimizer)
         start_step, epoch, index = state["step"], state["epoch"], state["next_index"]
         if accelerator.is_main_process:
             shutil.copy(ckpt / "steps.jsonl", steps_log)
@@ -298,6 +349,9 @@ def main(argv=None) -> int:
             bar.set_postfix(loss=f"{float(loss_value):.4f}")
         if args.stop_at == step:
             save_checkpoint(out / "checkpoint", accelerator, model, optimizer, step, epoch, index, steps_log, args)
+            if accelerator.is_main_process:
+                print(f"stopped at step {step} of {args.steps}; checkpoint in {out / 'checkpoint'} "
+                      f"(continue with --resume-from {out / 'checkpoint'} --out NEW_DIR)", flush=True)
             break
     if bar is not None:
         bar.close()
@@ -305,7 +359,7 @@ def main(argv=None) -> int:
         log.close()
 
     if args.stop_at is None or args.stop_at == args.steps:
-        save_final(out, accelerator, model, tensor_digest)
+        save_final(out, accelerator, model)
     accelerator.end_training()
     return 0
 
@@ -326,19 +380,14 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def save_final(out: Path, accelerator, model, tensor_digest) -> None:
-    """The final weights as safetensors, with the file's sha256 and a digest per tensor in final.json."""
-    from safetensors.torch import save_file
+def save_final(out: Path, accelerator, model) -> None:
+    """The final weights (model.safetensors) and final.json (the file's sha256, a digest per tensor)."""
+    from dash_plugin.repro.fingerprint import write_final
 
-    state = accelerator.get_state_dict(model)
+    state = accelerator.get_state_dict(model)  # the full state on the main process, also under FSDP
     if accelerator.is_main_process:
-        path = out / "model.safetensors"
-        save_file({k: v.contiguous() for k, v in state.items()}, path)
-        sha = hashlib.sha256(path.read_bytes()).hexdigest()
-        final = {"weights_sha256": sha, "tensors": {k: tensor_digest(v) for k, v in state.items()}}
-        (out / "final.json").write_text(json.dumps(final, indent=1))
+        write_final(out, state)
     accelerator.wait_for_everyone()
-
 
 if __name__ == "__main__":
     sys.exit(main())

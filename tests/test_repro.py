@@ -1,6 +1,5 @@
 """Unit tests of dash_plugin.repro: dataset, digests, comparison of logs, plot, and the determinism helper."""
 
-import json
 import os
 
 import pytest
@@ -9,6 +8,7 @@ import torch
 from dash_plugin.repro.compare import compare_runs
 from dash_plugin.repro.data import ByteBlocks, stdlib_corpus
 from dash_plugin.repro.fingerprint import exact, from_exact, layer_of, tensor_digest
+from tests.repro_helpers import NAMES, write_run
 
 
 # --- data -------------------------------------------------------------------------------------------------
@@ -79,34 +79,6 @@ def test_layer_of():
 
 # --- compare on hand-made logs ----------------------------------------------------------------------------
 
-NAMES = ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight",
-         "lm_head.weight"]
-
-
-def write_run(path, steps, *, change=None, final_change=False):
-    """A fake run: `change=(step, kind, name)` alters one digest (or loss) from that step on."""
-    path.mkdir(parents=True)
-    (path / "meta.json").write_text(json.dumps({"args": {"seed": 0, "out": str(path)}, "param_names": NAMES}))
-    with open(path / "steps.jsonl", "w") as fh:
-        for s in range(1, steps + 1):
-            rec = {"step": s, "loss": exact(5.0 - s / 10), "grad_norm": exact(1.5), "lr": exact(1e-3),
-                   "tokens_per_s": 1000.0 + s * (path.name == "b"),  # timing differs: never compared
-                   "params": {n: f"p{s}{i}" for i, n in enumerate(NAMES)},
-                   "grads": {n: f"g{s}{i}" for i, n in enumerate(NAMES)}}
-            if change and s >= change[0]:
-                if change[1] == "loss":
-                    rec["loss"] = exact(5.0 - s / 10 + 1e-7)
-                else:
-                    rec[change[1]][change[2]] += "x"
-            fh.write(json.dumps(rec) + "\n")
-    tensors = {n: f"f{i}" for i, n in enumerate(NAMES)}
-    if final_change:
-        tensors[NAMES[2]] = "other"
-    (path / "final.json").write_text(json.dumps({"weights_sha256": "x" if final_change else "s",
-                                                 "tensors": tensors}))
-    return path
-
-
 def test_compare_identical(tmp_path):
     cmp = compare_runs(write_run(tmp_path / "a", 5), write_run(tmp_path / "b", 5))
     assert cmp.identical and cmp.first is None and cmp.final_equal
@@ -141,7 +113,7 @@ def test_compare_lengths_and_final_weights(tmp_path):
 
 
 def test_compare_bad_directory(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no steps.jsonl"):
+    with pytest.raises(ValueError, match="no steps.jsonl"):
         compare_runs(tmp_path, tmp_path)
 
 

@@ -59,6 +59,8 @@ def test_module_entry_point_help():
 
     res = subprocess.run([sys.executable, "-m", "dash_plugin.repro", "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "dash-repro" in res.stdout and "demo" in res.stdout
+    text = " ".join(res.stdout.split())  # the exit codes, as the help states them
+    assert "0 when the runs are bit-identical, 1 when they differ, 2 when they could not be compared" in text
 
 
 def test_build_command_with_and_without_launcher(tmp_path):
@@ -114,10 +116,13 @@ def test_failed_run_stops_the_other_parallel_run(tmp_path, capsys):
 
 def test_run_devices_puts_each_parallel_run_on_its_own_gpu(tmp_path, capsys):
     # A stand-in trainer: records its CUDA_VISIBLE_DEVICES, then waits for the other run to have started
-    # (so the runs must overlap in time), then writes one identical step.
+    # (so the runs must overlap in time), then writes a complete run (a copy of a hand-made one).
+    from tests.repro_helpers import write_run
+
+    template = write_run(tmp_path / "template", 1)
     script = tmp_path / "t.py"
     script.write_text(
-        "import json, os, sys, time\n"
+        "import os, shutil, sys, time\n"
         "from pathlib import Path\n"
         "out = Path(sys.argv[-1]); out.mkdir(parents=True, exist_ok=True)\n"
         "(out / 'devices.txt').write_text(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))\n"
@@ -125,7 +130,7 @@ def test_run_devices_puts_each_parallel_run_on_its_own_gpu(tmp_path, capsys):
         "deadline = time.time() + 30\n"
         "while not other.exists() and time.time() < deadline: time.sleep(0.05)\n"
         "if not other.exists(): sys.exit(5)\n"
-        "(out / 'steps.jsonl').write_text(json.dumps({'step': 1, 'loss': '0x1.0p+0'}) + '\\n')\n")
+        f"shutil.copytree({str(template)!r}, out, dirs_exist_ok=True)\n")
     runs = tmp_path / "runs"
     rc = main(["run", "--parallel", "--devices", "0,1", "--out", str(runs), "--script", str(script),
                "--steps", "1"])

@@ -108,3 +108,36 @@ def test_bad_arguments_name_the_flag(tmp_path):
         train_accelerate.parse_args(["--out", str(tmp_path), "--stop-at", "9", "--steps", "3"])
     with pytest.raises(SystemExit, match="no parameter named"):
         train(tmp_path / "p", "--steps", "1", "--perturb", "1:model.nope")
+
+
+def test_stop_at_says_where_the_checkpoint_is_and_the_run_is_not_finished(tmp_path, capsys):
+    # An earlier finished run in the same directory: its final.json must not make this stopped run look finished.
+    from dash_plugin.repro.fingerprint import write_final
+
+    out = tmp_path / "stopped"
+    out.mkdir()
+    write_final(out, {"w": torch.ones(2)})
+    train(out, "--stop-at", "1", "--steps", "2")
+    ckpt = out / "checkpoint"
+    assert (f"stopped at step 1 of 2; checkpoint in {ckpt} (continue with --resume-from {ckpt} --out NEW_DIR)"
+            in capsys.readouterr().out)
+    assert not (out / "final.json").exists() and not (out / "model.safetensors").exists()
+    with pytest.raises(ValueError, match="final.json is missing: the run did not finish .*--resume-from"):
+        compare_runs(out, out)
+
+
+def test_resume_from_a_damaged_checkpoint_names_the_file(tmp_path):
+    first = train(tmp_path / "first", "--stop-at", "1")
+    ckpt = first / "checkpoint"
+    with pytest.raises(SystemExit, match=f"--resume-from {tmp_path / 'nope'}: no such checkpoint directory"):
+        train(tmp_path / "r0", "--resume-from", str(tmp_path / "nope"))
+    (ckpt / "model.safetensors").write_bytes(os.urandom(2048))
+    with pytest.raises(SystemExit, match=f"--resume-from: {ckpt / 'model.safetensors'} cannot be loaded "
+                                         r"\(SafetensorError: "):
+        train(tmp_path / "r1", "--resume-from", str(ckpt))
+    (ckpt / "state.json").write_text('{"step": 1,')
+    with pytest.raises(SystemExit, match=f"--resume-from: {ckpt / 'state.json'}: not valid JSON at line 1"):
+        train(tmp_path / "r2", "--resume-from", str(ckpt))
+    (ckpt / "optimizer.pt").unlink()
+    with pytest.raises(SystemExit, match="not a complete checkpoint, missing optimizer.pt"):
+        train(tmp_path / "r3", "--resume-from", str(ckpt))

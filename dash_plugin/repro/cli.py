@@ -7,8 +7,9 @@
     dash-repro compare RUN_A RUN_B          the first step where two runs differ, and which tensors
     dash-repro plot RUN_A RUN_B -o loss.png both loss curves and their difference
 
-Exit code: 0 when the runs are bit-identical, 1 when they differ, 2 on bad input or a failed run.
-Also runs as `python -m dash_plugin.repro`.
+Exit code: 0 when the runs are bit-identical, 1 when they differ, 2 when they could not be compared (bad input,
+a missing, unreadable or incomplete run file, no steps, a failed or stopped run). `run` refuses an --out that
+already holds runs unless --force. Also runs as `python -m dash_plugin.repro`.
 """
 
 from __future__ import annotations
@@ -16,19 +17,72 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import textwrap
+import threading
 import time
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
-from dash_plugin.repro.compare import compare_runs
+from dash_plugin.repro.compare import INCOMPLETE, compare_runs
 
 SCRIPT_ENV = "DASH_REPRO_SCRIPT"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class RunFailed(RuntimeError):
     pass
+
+
+class Interrupted(RunFailed):
+    """dash-repro itself got SIGINT / SIGTERM / SIGHUP while runs were training."""
+
+    def __init__(self, signum: int, message: str | None = None):
+        self.signum = signum
+        super().__init__(message or f"stopped by {signal.Signals(signum).name}")
+
+
+class _SignalsStopRuns:
+    """While installed, the stop signals raise Interrupted in the main thread, so that run_training's cleanup
+    ends the runs' process groups: each run is a session of its own, which no signal to dash-repro reaches.
+
+    While `held()`, a signal is only recorded and raised at the end of the block: starting a run and
+    registering it for the cleanup must not be split by it, nor may the cleanup itself be interrupted."""
+
+    def __init__(self):
+        self.holding, self.caught = False, None
+
+    def __call__(self, signum, frame):
+        if self.holding:
+            self.caught = self.caught or signum
+        else:
+            raise Interrupted(signum)
+
+    @contextmanager
+    def held(self, *, raise_after: bool = True):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if raise_after and self.caught is not None:
+            raise Interrupted(self.caught)
+
+    @contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():  # handlers only exist there
+            yield self
+            return
+        previous = {s: signal.signal(s, self) for s in STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 def find_script(explicit: str | None = None) -> Path:
@@ -80,13 +134,101 @@ def parse_devices(value: str | None, runs: int) -> list[str] | None:
     return devices
 
 
+def _file_in_the_way(d: Path) -> Path | None:
+    """The file (not a directory) that stands where `d` or one of its parents must be a directory, if any."""
+    for p in (d, *d.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
+def claim_run_dirs(dirs: list[Path], replace: bool = False) -> None:
+    """Make sure every run directory can be written and holds nothing: results of an earlier run are never
+    silently deleted, nor mixed with the new ones. replace=True (--force) deletes them first."""
+    for d in dirs:
+        blocker = _file_in_the_way(d)
+        if blocker is not None:
+            raise RunFailed(f"cannot make the run directory {d}: {blocker} is a file; pass a directory as --out "
+                            f"(it is made if missing)")
+    taken = [d for d in dirs if d.is_dir() and any(d.iterdir())]
+    if taken and not replace:
+        raise RunFailed(f"{' and '.join(map(str, taken))} already hold{'s' if len(taken) == 1 else ''} results "
+                        f"of an earlier run; pass --force to delete and replace them, or choose another --out")
+    for d in taken:
+        shutil.rmtree(d)
+
+
+def _mark_incomplete(d: Path, why: str) -> None:
+    """`dash-repro compare` refuses a run directory with this marker (it names the reason)."""
+    (d / INCOMPLETE).write_text(why + "\n")
+
+
+def _start_run(d: Path, cmd: list[str], env: dict, shown_env: str):
+    """Start one training process in a session of its own (so a launcher's workers can be stopped with it),
+    logging to OUT/train.log. Returns (process, open log)."""
+    d.mkdir(parents=True, exist_ok=True)
+    _mark_incomplete(d, "dash-repro run started this run and did not see it finish")
+    log = open(d / "train.log", "w")
+    log.write("$ " + shown_env + " ".join(cmd) + "\n")
+    log.flush()
+    try:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    except OSError:
+        log.close()
+        raise
+    # If dash-repro itself is killed (SIGKILL cannot be caught), this says which processes to stop.
+    _mark_incomplete(d, f"dash-repro run started this run (process group {proc.pid}) and did not see it finish")
+    return proc, log
+
+
+def _finished(d: Path, proc: subprocess.Popen, bar, total: int) -> bool:
+    """Bring the run's progress bar up to date; True once the run has ended with exit 0 (its INCOMPLETE marker
+    is then removed), RunFailed with the log's tail if it failed."""
+    ended = proc.poll() is not None  # before counting: an ended run has written all its steps
+    done = min(total, _count_lines(d / "steps.jsonl"))
+    if done > bar.n:
+        bar.update(done - bar.n)
+    if not ended:
+        return False
+    if proc.returncode != 0:
+        _mark_incomplete(d, f"the training failed (exit {proc.returncode}); see {d / 'train.log'}")
+        tail = "".join((d / "train.log").read_text().splitlines(True)[-25:])
+        raise RunFailed(f"training run {d} failed (exit {proc.returncode}); end of {d / 'train.log'}:\n{tail}")
+    (d / INCOMPLETE).unlink()
+    return True
+
+
+def _stop_runs(running: list, why: str) -> list[Path]:
+    """Kill the whole process group of every run in `running` (a failed launcher may leave workers), wait for
+    it, and mark the runs that were still training incomplete. Returns those runs' directories."""
+    stopped = []
+    for d, proc, log, _ in running:
+        was_training = proc.poll() is None  # else it failed by itself, and its marker says how
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # SIGKILL: nothing of a half-done run is worth saving
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        log.close()
+        if was_training:
+            _mark_incomplete(d, f"{why}; its process group {proc.pid} was killed")
+            stopped.append(d)
+    running.clear()
+    return stopped
+
+
 def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, parallel: bool = False,
-                 desc: str = "", launch: str | None = None, devices: list[str] | None = None) -> None:
+                 desc: str = "", launch: str | None = None, devices: list[str] | None = None,
+                 replace: bool = False) -> None:
     """Run the training script once per output directory, with identical arguments, showing progress.
 
     Each run is a fresh Python process (nothing cached in memory is shared), with its output in
     OUT/train.log. `devices` gives each run its own CUDA_VISIBLE_DEVICES (one entry per run), so parallel
-    runs can train on different GPUs. Raises RunFailed with the log's tail if a run fails.
+    runs can train on different GPUs. Directories that hold results are refused unless `replace`.
+
+    A run is marked OUT/INCOMPLETE until it ends with exit 0. If a run fails, or dash-repro gets SIGINT,
+    SIGTERM or SIGHUP, the process groups of all running runs are killed (none is left to write into its
+    directory later) and RunFailed is raised, with the log's tail for a failed run.
     """
     from tqdm import tqdm
 
@@ -94,63 +236,60 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
         raise RunFailed("do not pass --out to the training: dash-repro chooses one directory per run")
     if devices is not None and len(devices) != len(out_dirs):
         raise RunFailed(f"devices={devices} gives {len(devices)} devices for {len(out_dirs)} runs")
+    claim_run_dirs(out_dirs, replace)
     total = _steps_in(train_args)
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")  # the same string hashing in every run
-    bars = {}  # index -> bar, created when that run starts (so its clock is the run's)
     pending = list(enumerate(out_dirs))
-    running: list[tuple[int, Path, subprocess.Popen, object]] = []
-    try:
-        while pending or running:
-            while pending and (parallel or not running):
-                i, d = pending.pop(0)
-                d.mkdir(parents=True, exist_ok=True)
-                for stale in ("steps.jsonl", "meta.json", "final.json", "model.safetensors"):
-                    (d / stale).unlink(missing_ok=True)  # a failed rerun must not leave old results
-                log = open(d / "train.log", "w")
-                cmd = build_command(script, train_args, d, launch)
-                run_env, shown = env, ""
-                if devices is not None:
-                    run_env = {**env, "CUDA_VISIBLE_DEVICES": devices[i]}
-                    shown = f"CUDA_VISIBLE_DEVICES={devices[i]} "
-                log.write("$ " + shown + " ".join(cmd) + "\n")
-                log.flush()
-                # Own process group: a launcher's workers (accelerate launch) can be stopped with it.
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=run_env,
-                                        start_new_session=True)
-                running.append((i, d, proc, log))
-                bars[i] = tqdm(total=total, desc=f"{desc}{d.name}", unit="step", position=i, leave=True,
-                               dynamic_ncols=True, mininterval=0.5)
-            time.sleep(0.2)
-            for item in list(running):
-                i, d, proc, log = item
-                done = min(total, _count_lines(d / "steps.jsonl"))
-                if done > bars[i].n:
-                    bars[i].update(done - bars[i].n)
-                if proc.poll() is not None:
-                    log.close()
-                    running.remove(item)
-                    if proc.returncode != 0:
-                        tail = "".join((d / "train.log").read_text().splitlines(True)[-25:])
-                        raise RunFailed(f"training run {d} failed (exit {proc.returncode}); "
-                                        f"end of {d / 'train.log'}:\n{tail}")
-    finally:
-        for _, _, proc, log in running:  # only our own children's groups, on an error or Ctrl-C
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            log.close()
-        for b in bars.values():
-            b.close()
+    running: list[tuple[Path, subprocess.Popen, object, object]] = []  # (dir, process, log, bar)
+    bars = []
+    signals = _SignalsStopRuns()
+    with signals.installed():
+        try:
+            while pending or running:
+                while pending and (parallel or not running):
+                    i, d = pending.pop(0)
+                    cmd = build_command(script, train_args, d, launch)
+                    run_env, shown = env, ""
+                    if devices is not None:
+                        run_env = {**env, "CUDA_VISIBLE_DEVICES": devices[i]}
+                        shown = f"CUDA_VISIBLE_DEVICES={devices[i]} "
+                    # Parallel runs draw one line each (fixed positions, cursor moves). A sequential run's bar
+                    # is closed when the run ends, so the next one simply starts on the line below: no cursor
+                    # moves, which consoles and log files without them turn into bars over bars.
+                    bar = tqdm(total=total, desc=f"{desc}{d.name}", unit="step", position=i if parallel else None,
+                               leave=True, dynamic_ncols=True, mininterval=0.5)
+                    bars.append(bar)
+                    with signals.held():  # a run that has started is always in `running`, for the cleanup
+                        proc, log = _start_run(d, cmd, run_env, shown)
+                        running.append((d, proc, log, bar))
+                time.sleep(0.2)
+                for item in list(running):
+                    d, proc, log, bar = item
+                    if _finished(d, proc, bar, total):
+                        log.close()
+                        running.remove(item)
+                        if not parallel:
+                            bar.close()
+        except BaseException as e:
+            why = (str(e) if isinstance(e, Interrupted) else "stopped because another run failed"
+                   if isinstance(e, RunFailed) else f"stopped after an error in dash-repro ({type(e).__name__})")
+            with signals.held(raise_after=False):  # the cleanup must finish, whatever arrives meanwhile
+                stopped = _stop_runs(running, why)
+            if isinstance(e, Interrupted):
+                marked = ", ".join(str(d / INCOMPLETE) for d in stopped) or "no run was training"
+                raise Interrupted(e.signum, f"{e}; the training was killed and marked incomplete: {marked}") from None
+            raise
+        finally:
+            for bar in bars:
+                bar.close()
 
 
 def run_twice(train_args, out: Path, *, script: Path, parallel: bool = False, desc: str = "",
-              launch: str | None = None, devices: list[str] | None = None):
+              launch: str | None = None, devices: list[str] | None = None, replace: bool = False):
     dirs = [out / "run1", out / "run2"]
     run_training(list(train_args), dirs, script=script, parallel=parallel, desc=desc, launch=launch,
-                 devices=devices)
+                 devices=devices, replace=replace)
     return compare_runs(dirs[0], dirs[1])
 
 
@@ -164,13 +303,14 @@ def cmd_run(args, train_args) -> int:
         raise RunFailed("--devices gives each run one entry of CUDA_VISIBLE_DEVICES; with --launch set "
                         "CUDA_VISIBLE_DEVICES for the launcher instead")
     devices = parse_devices(args.devices, 2)
-    cmp = run_twice(train_args, Path(args.out), script=script, parallel=args.parallel, launch=args.launch,
-                    devices=devices)
+    out = Path(args.out)
+    cmp = run_twice(train_args, out, script=script, parallel=args.parallel, launch=args.launch,
+                    devices=devices, replace=args.force)
     print(cmp.report())
     if args.plot:
         from dash_plugin.repro.plot import plot_runs
 
-        png = plot_runs(cmp.run_a, cmp.run_b, Path(args.out) / "loss.png")
+        png = plot_runs(cmp.run_a, cmp.run_b, out / "loss.png")
         print(f"plot: {png}")
     return 0 if cmp.identical else 1
 
@@ -193,7 +333,8 @@ def _demo_pair(name, title, train_args, out: Path, script: Path):
     """Two runs, the full report, and a plot titled with the verdict (never a claim made in advance)."""
     from dash_plugin.repro.plot import plot_runs
 
-    cmp = run_twice(train_args, out / name, script=script, desc=f"{name} ")
+    # The demo owns its output directory: a second `make demo` replaces the first one's runs.
+    cmp = run_twice(train_args, out / name, script=script, desc=f"{name} ", replace=True)
     print(cmp.report())
     outcome = "identical bits" if cmp.identical else f"first bit difference at step {cmp.first.step}" \
         if cmp.first else "different"
@@ -235,13 +376,48 @@ def cmd_demo(args) -> int:
     return 0 if ok else 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def training_help(script: Path) -> str:
+    """The option list of the training script (its own --help), for `dash-repro run --help`: dash-repro passes
+    those options through unchanged, so the script is the one place that describes them."""
+    try:
+        res = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(`{script} --help` could not be run: {e})"
+    if res.returncode != 0:
+        return f"(`{script} --help` failed with exit {res.returncode}: {res.stderr.strip()[-500:]})"
+    start = res.stdout.find("options:")  # skip the script's usage line: its --out is set by dash-repro
+    return res.stdout[start:] if start >= 0 else res.stdout
+
+
+def run_epilog(argv: list[str]) -> str:
+    """The end of `dash-repro run --help`: the training script's options, found as `run` would find them."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--script", default=None)
+    known, _ = pre.parse_known_args(argv)
+    try:
+        script = find_script(known.script)
+    except RunFailed as e:
+        return f"training options: {e}"
+    intro = (f"Every other option goes to the training script ({script}) unchanged, the same for both runs; "
+             f"`--` ends dash-repro's own options. dash-repro sets the script's --out to OUT/run1 and OUT/run2.")
+    return f"{textwrap.fill(intro, 100)}\n\ntraining {training_help(script)}"
+
+
+def build_parser(run_epilog_text: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dash-repro", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="run the same training twice and compare (other options go to the training)")
+    r = sub.add_parser("run", help="run the same training twice and compare (other options go to the training)",
+                       description="Train twice with the same arguments, each run a fresh process, and compare "
+                                   "the runs bit for bit.",
+                       epilog=run_epilog_text or "Other options go to the training script; "
+                                                 "`dash-repro run --help` lists them.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("--out", default="dash-repro-run", help="directory for run1/ and run2/ (default %(default)s)")
+    r.add_argument("--force", action="store_true",
+                   help="delete the results of an earlier run in OUT/run1, OUT/run2 and run again (without it "
+                        "such an --out is refused)")
     r.add_argument("--script", default=None, help="training script (default: examples/train_accelerate.py)")
     r.add_argument("--parallel", action="store_true", help="run both at once (give each --threads on the CPU)")
     r.add_argument("--devices", default=None, metavar="D1,D2",
@@ -270,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    wants_run_help = argv[:1] == ["run"] and bool({"-h", "--help"} & set(argv[1:]))
+    parser = build_parser(run_epilog(argv[1:]) if wants_run_help else None)
     if argv and argv[0] == "run":
         args, train_args = parser.parse_known_args(argv)
         if train_args and train_args[0] == "--":
@@ -285,8 +462,17 @@ def main(argv=None) -> int:
         if args.command == "plot":
             return cmd_plot(args)
         return cmd_demo(args)
-    except (RunFailed, FileNotFoundError, ValueError) as e:
+    except (RunFailed, ValueError, OSError) as e:  # ValueError includes the RunFileError of a bad run file
         print(f"dash-repro {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C outside the training (e.g. while hashing weights)
+        print(f"dash-repro {args.command}: interrupted", file=sys.stderr)
+        return 2
+    except Exception:
+        # A bug in dash-repro, not a verdict: show it, and never exit 1, which would mean "the runs differ".
+        traceback.print_exc()
+        print(f"dash-repro {args.command}: internal error (a bug in dash-repro: please report the traceback "
+              f"above); the runs were not compared", file=sys.stderr)
         return 2
 
 

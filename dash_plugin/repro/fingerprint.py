@@ -1,4 +1,5 @@
-"""Fingerprints of a training step: exact scalars and cheap, exact digests of tensors.
+"""Fingerprints of a training step: exact scalars and cheap, exact digests of tensors; and the reading and
+writing of the run files that hold them (JSON with errors that name the file and line, the final weights).
 
 `tensor_digest` hashes the bits of a tensor on the device that holds it, without copying it to the host:
 the tensor's bit patterns, read as integers, are summed with two sets of odd position weights in wrapping
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from pathlib import Path
 
 import torch
 
@@ -84,9 +86,81 @@ def write_jsonl(fh, record: dict) -> None:
     fh.flush()
 
 
-def read_jsonl(path) -> list[dict]:
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+class RunFileError(ValueError):
+    """A file of a run directory is missing, unreadable or not in the expected format. The message names
+    the file (and the line, where there is one) and what was expected."""
+
+
+def read_json(path):
+    """The JSON value in `path`; RunFileError naming the file, line and column if it is missing or malformed."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunFileError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunFileError(f"{path}: cannot be read ({e.__class__.__name__}: {e})") from None
+
+
+def read_jsonl(path, check=None) -> list:
+    """The JSON value of every non-blank line. `check(value)` may return what is wrong with a value (else
+    None). RunFileError naming the file and the line for a line that is not JSON or fails the check."""
+    path = Path(path)
+    records = []
+    try:
+        with open(path) as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line.rstrip())  # without the newline: errors point into the line
+                except json.JSONDecodeError as e:
+                    raise RunFileError(f"{path} line {lineno}: not valid JSON (column {e.colno}: {e.msg})") from None
+                problem = check(value) if check else None
+                if problem:
+                    raise RunFileError(f"{path} line {lineno}: {problem}")
+                records.append(value)
+    except (OSError, UnicodeDecodeError) as e:
+        raise RunFileError(f"{path}: cannot be read ({e.__class__.__name__}: {e})") from None
+    return records
+
+
+def file_sha256(path) -> str:
+    """The sha256 of a file, read in pieces (weight files can be larger than the free memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+WEIGHTS_FILE, FINAL_FILE = "model.safetensors", "final.json"
+
+
+def clear_final(out) -> None:
+    """Remove the final.json and weight file of an earlier run in OUT: a run directory being rewritten must not
+    look finished (with the old weights) if this run is stopped before it writes its own."""
+    for name in (FINAL_FILE, WEIGHTS_FILE):
+        (Path(out) / name).unlink(missing_ok=True)
+
+
+def write_final(out, state_dict: dict[str, torch.Tensor], save_weights: bool = True) -> None:
+    """The end of a run: OUT/model.safetensors and OUT/final.json (the file's sha256 and a digest per tensor).
+
+    final.json is written last: a run directory without it did not finish. With save_weights=False no weight
+    file is written and final.json says so ("weights_file": null); `dash-repro compare` then compares the
+    recorded digests only, and says so in its verdict."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    final = {"tensors": {k: tensor_digest(v) for k, v in state_dict.items()}}
+    if save_weights:
+        path = out / WEIGHTS_FILE
+        save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, path)
+        final.update(weights_file=WEIGHTS_FILE, weights_sha256=file_sha256(path))
+    else:
+        final.update(weights_file=None, weights_sha256=None)
+    (out / FINAL_FILE).write_text(json.dumps(final, indent=1))
 
 
 # Dense bf16 peak of the GPUs we expect, in FLOP/s (vendor data sheets, SXM parts, no sparsity).

@@ -1,5 +1,6 @@
 """Fingerprints for the Hugging Face `Trainer`: a callback that writes the run-directory format
-`dash-repro compare` reads (meta.json, steps.jsonl, final.json + model.safetensors).
+`dash-repro compare` reads (meta.json, steps.jsonl, final.json + model.safetensors; with save_weights=False no
+weight file, and compare then says that it compared the final weights by their digests only).
 
     trainer = Trainer(model, args, train_dataset=ds, callbacks=[FingerprintCallback("runs/a")])
 
@@ -10,13 +11,13 @@ loss is the step's loss; with larger values only logged steps carry one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from dash_plugin.repro.fingerprint import exact, grad_digests, param_digests, tensor_digest, write_jsonl
+from dash_plugin.repro.fingerprint import (clear_final, exact, grad_digests, param_digests, write_final,
+                                           write_jsonl)
 
 # TrainingArguments that define the training (compared between runs); paths and names are left out.
 _KEY_ARGS = ("seed", "data_seed", "full_determinism", "learning_rate", "max_steps", "num_train_epochs",
@@ -35,6 +36,7 @@ class FingerprintCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         self.out.mkdir(parents=True, exist_ok=True)
+        clear_final(self.out)
         names = [n for n, _ in model.named_parameters()]
         meta = {"args": {k: getattr(args, k, None) for k in _KEY_ARGS},
                 "attention": getattr(model.config, "_attn_implementation", None), "param_names": names,
@@ -74,14 +76,4 @@ class FingerprintCallback(TrainerCallback):
         self._flush()
         self._fh.close()
         self._fh = None
-        state_dict = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-        final = {"tensors": {k: tensor_digest(v) for k, v in state_dict.items()}}
-        if self.save_weights:
-            from safetensors.torch import save_file
-
-            path = self.out / "model.safetensors"
-            save_file({k: v.cpu() for k, v in state_dict.items()}, path)
-            final["weights_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-        else:
-            final["weights_sha256"] = hashlib.sha256(json.dumps(final["tensors"], sort_keys=True).encode()).hexdigest()
-        (self.out / "final.json").write_text(json.dumps(final, indent=1))
+        write_final(self.out, model.state_dict(), save_weights=self.save_weights)

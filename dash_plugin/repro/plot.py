@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dash_plugin.repro.fingerprint import from_exact, read_jsonl
+from dash_plugin.repro.compare import first_difference, load_steps
+from dash_plugin.repro.fingerprint import RunFileError, from_exact
 
 
 def plot_runs(run_a, run_b, out_png, *, labels=("run A", "run B"), title=None) -> Path:
@@ -13,10 +14,10 @@ def plot_runs(run_a, run_b, out_png, *, labels=("run A", "run B"), title=None) -
     matplotlib.use("Agg")  # files only: works without a display
     import matplotlib.pyplot as plt
 
-    a = read_jsonl(Path(run_a) / "steps.jsonl")
-    b = read_jsonl(Path(run_b) / "steps.jsonl")
+    # Only the steps are needed: an unfinished run (still training, or stopped) can be plotted.
+    a, b = load_steps(run_a), load_steps(run_b)
     if not a or not b:
-        raise ValueError(f"nothing to plot: {run_a} has {len(a)} steps, {run_b} has {len(b)}")
+        raise RunFileError(f"nothing to plot: {run_a} has {len(a)} steps, {run_b} has {len(b)}")
     sa, la = [r["step"] for r in a], [from_exact(r["loss"]) for r in a]
     sb, lb = [r["step"] for r in b], [from_exact(r["loss"]) for r in b]
     common = min(len(a), len(b))
@@ -36,7 +37,7 @@ def plot_runs(run_a, run_b, out_png, *, labels=("run A", "run B"), title=None) -
     n_diff = sum(d != 0.0 for d in diff)
     peak = max((abs(d) for d in diff), default=0.0)
     summary = f"loss differs at {n_diff} of {common} steps; max |difference| {peak:.3g}"
-    first = _first_difference(run_a, run_b)
+    first = _first_difference(a, b)
     if first is not None:
         # The fingerprints (weights, gradients) usually differ before the rounded loss does.
         for ax in (top, bottom):
@@ -53,11 +54,11 @@ def plot_runs(run_a, run_b, out_png, *, labels=("run A", "run B"), title=None) -
     return out_png
 
 
-def _first_difference(run_a, run_b) -> int | None:
-    from dash_plugin.repro.compare import compare_runs
-
+def _first_difference(steps_a: list[dict], steps_b: list[dict]) -> int | None:
+    """The first step where the fingerprints (weights, gradients, exact loss) differ, if any. The model order
+    of the names is not needed for that."""
     try:
-        first = compare_runs(run_a, run_b).first
-    except (OSError, ValueError, KeyError):  # plotting does not need the fingerprints
+        first = first_difference(steps_a, steps_b, order=[])
+    except RunFileError:  # misaligned step numbers: a plot does not need the line, draw it without
         return None
     return None if first is None else first.step

@@ -1,0 +1,387 @@
+"""The verdict of `dash-repro` never claims more than was checked (issue #16): a damaged, missing, incomplete or
+malformed run is refused with exit 2 ("could not compare") and a message naming the file, never IDENTICAL, never
+a traceback; `dash-repro run` leaves no training process behind when it is stopped, and never deletes or mixes
+with the results of an earlier run unless told to (--force).
+
+Runs are hand-made (tests/repro_helpers.py) or come from stand-in training scripts: the training itself is
+tested in test_repro_train.py."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dash_plugin.repro.cli import main
+from dash_plugin.repro.compare import compare_runs
+from dash_plugin.repro.fingerprint import write_final
+from tests.repro_helpers import NAMES, edit_json, final_weights, write_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def compare_cli(capsys, a, b):
+    """(exit code, stdout, stderr) of `dash-repro compare A B`."""
+    rc = main(["compare", str(a), str(b)])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def refused(capsys, a, b, *needles):
+    """Compare must refuse (exit 2, no verdict, no traceback) with a message holding every needle."""
+    rc, out, err = compare_cli(capsys, a, b)
+    assert rc == 2, out + err
+    assert "IDENTICAL" not in out and "Traceback" not in err
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
+@pytest.fixture
+def pair(tmp_path):
+    return write_run(tmp_path / "a", 3), write_run(tmp_path / "b", 3)
+
+
+def test_two_intact_runs_are_identical(pair, capsys):
+    # The control for every test below: these two runs, untouched, compare identical.
+    rc, out, _ = compare_cli(capsys, *pair)
+    assert rc == 0 and out.strip().endswith("IDENTICAL: 2 runs, 3 steps, losses/grads/weights bit-identical")
+
+
+# --- the weight files are read, not only final.json ---------------------------------------------------------
+
+def test_changed_weight_file_is_refused(pair, capsys):
+    # One weight +1 in run B's file, final.json left as the run wrote it.
+    from safetensors.torch import save_file
+
+    save_file(final_weights(change=True), pair[1] / "model.safetensors")
+    refused(capsys, *pair, f"{pair[1] / 'model.safetensors'} does not hold the weights",
+            f"1 tensors differ from the recorded digests ({NAMES[2]})")
+
+
+def test_weight_file_of_random_bytes_is_refused(pair, capsys):
+    (pair[0] / "model.safetensors").write_bytes(os.urandom(4096))
+    refused(capsys, *pair, f"{pair[0] / 'model.safetensors'}: not a readable safetensors file")
+
+
+def test_deleted_weight_file_is_refused(pair, capsys):
+    (pair[1] / "model.safetensors").unlink()
+    refused(capsys, *pair, f"{pair[1] / 'model.safetensors'} is missing")
+
+
+def test_weight_file_with_other_bytes_but_same_tensors_is_refused(pair, capsys):
+    # Same tensors, other file (metadata in the header): the file's sha256 no longer matches final.json.
+    from safetensors.torch import save_file
+
+    save_file(final_weights(), pair[0] / "model.safetensors", metadata={"edited": "yes"})
+    refused(capsys, *pair, f"{pair[0] / 'model.safetensors'}: sha256", "the file changed after the run wrote it")
+
+
+def test_final_weights_that_really_differ_are_found(tmp_path, capsys):
+    # Both runs consistent, their weight files differ in one element of one tensor: DIFFERENT, exit 1.
+    a, b = write_run(tmp_path / "a", 3), write_run(tmp_path / "b", 3, final_change=True)
+    rc, out, _ = compare_cli(capsys, a, b)
+    assert rc == 1 and "DIFFERENT: all 3 steps equal but the final weights differ: " + NAMES[2] in out
+
+
+def test_runs_without_weight_files_say_digests_only(tmp_path, capsys):
+    a, b = write_run(tmp_path / "a", 2), write_run(tmp_path / "b", 2)
+    for run in (a, b):
+        (run / "model.safetensors").unlink()
+        write_final(run, final_weights(), save_weights=False)  # what FingerprintCallback(save_weights=False) does
+    cmp = compare_runs(a, b)
+    assert cmp.identical and not cmp.weight_files
+    assert cmp.verdict() == ("IDENTICAL: 2 runs, 2 steps, losses/grads/weight digests (no weight file saved) "
+                             "bit-identical")
+    assert "compared by their recorded digests only" in cmp.report()
+
+
+# --- missing or incomplete runs, nothing to compare --------------------------------------------------------
+
+def test_run_without_final_json_is_refused(pair, capsys):
+    (pair[0] / "final.json").unlink()
+    refused(capsys, *pair, f"{pair[0] / 'final.json'} is missing: the run did not finish")
+    (pair[0] / "checkpoint").mkdir()  # a --stop-at run: the message says how to go on
+    refused(capsys, *pair, f"continue it with --resume-from {pair[0] / 'checkpoint'}")
+
+
+def test_runs_with_zero_steps_are_refused(tmp_path, capsys):
+    a, b = write_run(tmp_path / "a", 0), write_run(tmp_path / "b", 0)
+    refused(capsys, a, b, f"{a / 'steps.jsonl'} has no steps: there is nothing to compare")
+    refused(capsys, write_run(tmp_path / "c", 2), b, f"{b / 'steps.jsonl'} has no steps")
+
+
+def test_run_marked_incomplete_is_refused(pair, capsys):
+    (pair[1] / "INCOMPLETE").write_text("stopped by SIGTERM\n")
+    refused(capsys, *pair, f"{pair[1]} is an incomplete run", "stopped by SIGTERM")
+
+
+def test_missing_meta_json_is_refused(pair, capsys):
+    (pair[0] / "meta.json").unlink()
+    refused(capsys, *pair, f"{pair[0] / 'meta.json'} is missing")
+
+
+# --- malformed files: the file, the line and what was expected ---------------------------------------------
+
+def _rewrite_line(path, lineno, text):
+    lines = path.read_text().splitlines(True)
+    lines[lineno - 1] = text + "\n"
+    path.write_text("".join(lines))
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"loss": "0x1.0p+0"}', "line 2: a step record needs an integer 'step' (has None)"),
+    ('{"step": "2"}', "line 2: a step record needs an integer 'step' (has '2')"),
+    ('[1, 2]', "line 2: a step record must be a JSON object, not list"),
+    ('{"step": 2, "params": []}', "line 2: 'params' must be an object of tensor name -> digest (has list)"),
+    ('{"step": 2, "loss": 1.5}', "line 2: 'loss' must be a hex float string or null (has 1.5)"),
+    ('{"step": 2, "loss": ', "line 2: not valid JSON (column 20: Expecting value)"),
+    ('{"step": 1}', "steps.jsonl: step 1 follows step 1; the steps must increase"),
+])
+def test_malformed_step_record_names_file_and_line(pair, capsys, line, message):
+    _rewrite_line(pair[1] / "steps.jsonl", 2, line)
+    refused(capsys, *pair, f"{pair[1] / 'steps.jsonl'}", message)
+
+
+def test_meta_json_that_is_a_list_is_refused(pair, capsys):
+    (pair[0] / "meta.json").write_text("[1, 2]")
+    refused(capsys, *pair, f"{pair[0] / 'meta.json'} must hold a JSON object, not list")
+
+
+def test_meta_json_syntax_error_names_line_and_column(pair, capsys):
+    (pair[0] / "meta.json").write_text('{"args": {},\n "param_names": [1,}\n')
+    refused(capsys, *pair, f"{pair[0] / 'meta.json'}: not valid JSON at line 2, column 20")
+
+
+def test_final_json_without_tensors_is_refused(pair, capsys):
+    edit_json(pair[1] / "final.json", lambda final: final.pop("tensors"))
+    refused(capsys, *pair, f"{pair[1] / 'final.json'}: 'tensors' must be a non-empty object")
+
+
+def test_final_json_without_sha256_is_refused(pair, capsys):
+    edit_json(pair[1] / "final.json", lambda final: final.pop("weights_sha256"))
+    refused(capsys, *pair, f"{pair[1] / 'final.json'}: 'weights_sha256' must be the sha256 of model.safetensors")
+
+
+def test_plot_of_a_missing_run_names_it(tmp_path, capsys):
+    a = write_run(tmp_path / "a", 2)
+    assert main(["plot", str(a), str(tmp_path / "nope"), "-o", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'nope'} is not a run directory: no such directory" in err and "Errno" not in err
+
+
+def test_plot_draws_an_unfinished_run(tmp_path):
+    # A plot needs only the steps: a run still training (no final.json yet) can be drawn.
+    from dash_plugin.repro.plot import plot_runs
+
+    a, b = write_run(tmp_path / "a", 4), write_run(tmp_path / "b", 4, change=(3, "loss", None))
+    (b / "final.json").unlink()
+    assert plot_runs(a, b, tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# --- dash-repro run: output directories ----------------------------------------------------------------------
+
+@pytest.fixture
+def stand_in(tmp_path):
+    """A training script that writes a complete two-step run at once: a copy of a hand-made one (a copy needs
+    no torch import, so each stand-in run takes a fraction of a second)."""
+    template = write_run(tmp_path / "template", 2)
+    script = tmp_path / "stand_in.py"
+    script.write_text("import shutil, sys\n"
+                      f"shutil.copytree({str(template)!r}, sys.argv[sys.argv.index('--out') + 1],"
+                      " dirs_exist_ok=True)\n")
+    return script
+
+
+def test_run_refuses_a_directory_with_results_unless_force(tmp_path, stand_in, capsys):
+    out = tmp_path / "runs"
+    assert main(["run", "--out", str(out), "--script", str(stand_in), "--steps", "2"]) == 0
+    assert "IDENTICAL: 2 runs, 2 steps" in capsys.readouterr().out
+    old = (out / "run1" / "steps.jsonl").stat().st_mtime_ns
+    (out / "run1" / "mine.txt").write_text("keep me")
+
+    assert main(["run", "--out", str(out), "--script", str(stand_in), "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'run1'} and {out / 'run2'} already hold results of an earlier run; pass --force" in err
+    assert (out / "run1" / "mine.txt").read_text() == "keep me"  # nothing was deleted
+    assert (out / "run1" / "steps.jsonl").stat().st_mtime_ns == old
+
+    assert main(["run", "--out", str(out), "--script", str(stand_in), "--steps", "2", "--force"]) == 0
+    assert "IDENTICAL: 2 runs, 2 steps" in capsys.readouterr().out
+    assert not (out / "run1" / "mine.txt").exists() and not (out / "run1" / "INCOMPLETE").exists()
+
+
+def test_run_with_out_that_is_a_file(tmp_path, stand_in, capsys):
+    out = tmp_path / "file.txt"
+    out.write_text("not a directory")
+    assert main(["run", "--out", str(out), "--script", str(stand_in)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot make the run directory {out / 'run1'}: {out} is a file; pass a directory as --out" in err
+    assert "Traceback" not in err
+
+
+def screen(text: str) -> list[str]:
+    """The lines a terminal shows after `text`, for the control sequences tqdm writes: carriage return,
+    newline and cursor up (ESC [ A)."""
+    lines, row, col, i = [""], 0, 0, 0
+    while i < len(text):
+        if text.startswith("\x1b[A", i):
+            row, i = max(0, row - 1), i + 3
+            continue
+        ch = text[i]
+        if ch == "\n":
+            row, col = row + 1, 0
+            lines += [""] * (row + 1 - len(lines))
+        elif ch == "\r":
+            col = 0
+        else:
+            line = lines[row].ljust(col)
+            lines[row] = line[:col] + ch + line[col + 1:]
+            col += 1
+        i += 1
+    return [line.rstrip() for line in lines if line.strip()]
+
+
+def test_progress_bars_of_sequential_runs_do_not_overwrite_each_other(tmp_path, stand_in, capsys):
+    assert main(["run", "--out", str(tmp_path / "runs"), "--script", str(stand_in), "--steps", "2"]) == 0
+    err = capsys.readouterr().err
+    # The same two lines on a terminal and where cursor moves are not understood (a log file, a CI console):
+    # one finished bar per run, run1's not drawn over by run2's, and no half-drawn bar left below them.
+    for shown in (screen(err), screen(err.replace("\x1b[A", ""))):
+        assert len(shown) == 2, shown
+        assert shown[0].startswith("run1: 100%") and "2/2" in shown[0]
+        assert shown[1].startswith("run2: 100%") and "2/2" in shown[1]
+
+
+def test_screen_renders_cursor_moves():
+    # The helper above, on what tqdm writes for a bar at position 1: it is drawn one line down.
+    assert screen("a\rb\n\n\rc\x1b[A\rd\n") == ["b", "d", "c"]
+
+
+# --- dash-repro run: SIGTERM -----------------------------------------------------------------------------
+
+SLEEPER = """import os, subprocess, sys, time
+from pathlib import Path
+out = Path(sys.argv[sys.argv.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+# A worker of its own, as `accelerate launch` has: it must be stopped with the run.
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+(out / "pids.tmp").write_text(f"{os.getpid()} {worker.pid}")
+(out / "pids.tmp").rename(out / "pids")
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """A process exists and is not a zombie (a killed process whose parent has not yet collected it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live processes of a process group, from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(stat.parent.name))
+    return members
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
+def test_sigterm_stops_the_whole_run_and_marks_it_incomplete(tmp_path, capsys):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    out = tmp_path / "runs"
+    cli = subprocess.Popen([sys.executable, "-m", "dash_plugin.repro", "run", "--out", str(out),
+                            "--script", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = out / "run1" / "pids"
+    try:
+        deadline = time.monotonic() + 120  # the start of a Python process, however slow the machine
+        while not pids.exists() and cli.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pids.exists(), cli.communicate(timeout=30)
+        trainer, worker = map(int, pids.read_text().split())
+        assert _alive(trainer) and _alive(worker) and set(_group_members(trainer)) == {trainer, worker}
+        assert f"(process group {trainer})" in (out / "run1" / "INCOMPLETE").read_text()  # while it trains
+
+        cli.send_signal(signal.SIGTERM)
+        _, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        if pids.exists():  # whatever the outcome, leave no sleeper behind
+            for pid in _group_members(int(pids.read_text().split()[0])):
+                os.kill(pid, signal.SIGKILL)
+    assert cli.returncode == 2, err
+    assert "stopped by SIGTERM; the training was killed and marked incomplete" in err and "Traceback" not in err
+    deadline = time.monotonic() + 10  # the worker is orphaned by the kill; init collects it
+    while _group_members(trainer) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _group_members(trainer) == [] and not _alive(trainer) and not _alive(worker)
+    marker = (out / "run1" / "INCOMPLETE").read_text()
+    assert marker.startswith("stopped by SIGTERM") and f"process group {trainer} was killed" in marker
+    assert not (out / "run2").exists()  # run2 never started
+
+    write_run(out / "run2", 2)  # even against a good run, the stopped one is refused
+    refused(capsys, out / "run1", out / "run2", f"{out / 'run1'} is an incomplete run", "stopped by SIGTERM")
+
+
+def test_a_signal_while_a_run_starts_is_held_until_the_run_can_be_stopped():
+    from dash_plugin.repro.cli import Interrupted, _SignalsStopRuns
+
+    signals, steps = _SignalsStopRuns(), []
+    with pytest.raises(Interrupted, match="stopped by SIGTERM"):
+        with signals.held():
+            signals(signal.SIGTERM, None)  # what the handler does when SIGTERM arrives here
+            steps.append("the run is registered for the cleanup")
+    assert steps == ["the run is registered for the cleanup"]
+    with pytest.raises(Interrupted, match="stopped by SIGHUP"):
+        signals(signal.SIGHUP, None)  # outside held(): at once
+
+
+def test_failed_run_is_marked_incomplete(tmp_path, capsys):
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    out = tmp_path / "runs"
+    assert main(["run", "--out", str(out), "--script", str(script)]) == 2
+    assert "failed (exit 3)" in capsys.readouterr().err
+    assert (out / "run1" / "INCOMPLETE").read_text().startswith("the training failed (exit 3)")
+
+
+# --- dash-repro run --help ---------------------------------------------------------------------------------
+
+def test_run_help_shows_the_training_options_and_sizes(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "--force" in out and "Every other option goes to the training script" in out
+    for option in ("--size", "--steps", "--seq-len", "--batch-size", "--stop-at", "--resume-from"):
+        assert option in out, option
+    flat = " ".join(out.split())  # argparse wraps the help text
+    assert "tiny: 2 layers, hidden 64, 2 heads (1 KV), MLP 256, 0.156M parameters" in flat
+    assert "1b: 16 layers, hidden 2048, 32 heads (8 KV), MLP 8192, 974M parameters" in flat
+
+
+def test_main_never_reports_a_bug_as_a_difference(monkeypatch, tmp_path, capsys):
+    # An unexpected exception is a bug: exit 2 ("could not compare"), never 1 ("the runs differ").
+    from dash_plugin.repro import cli
+
+    def broken(args):
+        raise TypeError("something unexpected")
+
+    monkeypatch.setattr(cli, "cmd_compare", broken)
+    assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "TypeError: something unexpected" in err and "internal error (a bug in dash-repro" in err
+
