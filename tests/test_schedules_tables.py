@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from dash_plugin.schedules import KernelTables, build_schedule, kernel_tables
-from dash_plugin.schedules.validity import check_schedule
+from dash_plugin.schedules.validity import validate_schedule
 
 
 def _kw(**over):
@@ -49,7 +49,7 @@ def test_tables_equal_builder(schedule):
              block_n=128, causal=False, window_left=100, window_right=20)
     t = kernel_tables(schedule, **kw)
     sched = build_schedule(schedule, **kw)
-    check_schedule(sched)
+    validate_schedule(sched)
     assert isinstance(t, KernelTables)
     for x in (t.num_workers, t.seg_kv, t.seg_end, t.q_tile, t.rank, t.num_contrib):
         assert x.dtype == torch.int32 and x.device.type == "cpu"
