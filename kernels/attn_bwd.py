@@ -30,8 +30,11 @@ import triton.language as tl
 from ._triton_common import (col_range, dropout_keep, interior_cols, interior_rows, load_tile, q_tile_program,
                              row_range, seq_bounds, tanh, visible)
 
-# Kernel modes of the KV-stationary kernel (the registry's kernel modes, docs/DESIGN.md).
-ATOMIC, ORDERED, SPLIT = 0, 1, 2
+# Kernel modes of the KV-stationary kernel: how its programs hand in their dQ partials (the
+# schedule registry's kernel modes, docs/DESIGN.md). constexpr, so the kernels can name them.
+ATOMIC = tl.constexpr(0)    # atomic adds in arrival order (not deterministic)
+ORDERED = tl.constexpr(1)   # adds in rank order behind one semaphore per dQ tile (the schedule tables)
+SPLIT = tl.constexpr(2)     # no dQ: `_bwd_dq_kernel` recomputes it
 
 
 # ---------------------------------------------------------------- preprocess
@@ -60,16 +63,23 @@ def _bwd_preprocess(O, DO, DELTA, CU_Q, seq_base, seqlen_q_dense, head_dim,
 
 
 # ---------------------------------------------------------------- shared recompute
+#
+# Values that travel together are passed as tuples (Triton inlines every call and unpacks them at
+# compile time, so grouping changes no generated instruction):
+#   shape = (seqlen_q, seqlen_k, head_dim, window_left, window_right)  this sequence's lengths, the mask
+#   score = (scale, scale_log2, softcap, seed, drop_threshold, inv_keep)  softmax scale, softcap, dropout
+# The kernels' own parameters stay one per value: they are the compiled signature.
 
 @triton.jit
-def _recompute(qk, dp, lse, delta, r, c, h, b, seqlen_q, seqlen_k, window_left, window_right,
-               scale_log2, softcap, seed, drop_threshold, inv_keep,
+def _recompute(qk, dp, lse, delta, r, c, h, b, shape, score,
                MASKED: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
                SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr):
     """P (dropped and rescaled, for dV) and dS (w.r.t. the scaled, uncapped score) of one tile,
     from the products qk = Q K^T and dp = dO V^T. The KV kernel works on transposed tiles (S^T:
     rows along axis 1) and the dQ kernel on plain ones: ``r``, ``c``, ``lse``, ``delta`` come
     shaped to broadcast either way ([1, M]/[N, 1] or [M, 1]/[1, N])."""
+    seqlen_q, seqlen_k, _, window_left, window_right = shape
+    _, scale_log2, softcap, seed, drop_threshold, inv_keep = score
     if SOFTCAP:
         t = tanh(qk * (scale_log2 / 1.4426950408889634 / softcap))
         s = softcap * t * 1.4426950408889634
@@ -91,6 +101,8 @@ def _recompute(qk, dp, lse, delta, r, c, h, b, seqlen_q, seqlen_k, window_left, 
         ds = ds * (1.0 - t * t)
     return pd, ds
 
+
+# ---------------------------------------------------------------- ordered dQ adds
 
 @triton.jit
 def _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS: tl.constexpr,
@@ -121,17 +133,40 @@ def _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS: tl.
 
 
 @triton.jit
-def _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-             q_base, do_base, dq_base, lse_base, delta_base, stride_qs, stride_dos, stride_dqs, stride_ls,
-             window_left, window_right, scale, scale_log2, softcap, seed, drop_threshold, inv_keep, head_dim,
-             sem_ptr, rank, ERR, max_polls,
+def _add_in_rank_order(dq_ptrs, dq, msk, sem_ptr, rank, sync, m0, n0, h, b,
+                       NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    """The semaphore protocol of docs/DESIGN.md (rule 4): wait until the dQ tile's counter equals
+    my rank (acquire), add, make every thread's add complete (barrier) and visible (release), then
+    increment. sync = (ERR, max_polls) of the debug waits."""
+    ERR, max_polls = sync
+    if not NO_WAIT:
+        _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS, BLOCK_M, BLOCK_N)
+    # One writer at a time; atomics go straight to L2, so no stale L1 line is read.
+    tl.atomic_add(dq_ptrs, dq, mask=msk, sem="relaxed")
+    # All threads' adds are issued before the release below.
+    tl.debug_barrier()
+    tl.atomic_add(sem_ptr, 1, sem="release")
+
+
+# ---------------------------------------------------------------- main: KV-stationary
+
+@triton.jit
+def _kv_step(dk, dv, m0, kv, head, shape, score, sem_ptr, rank, sync,
              MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, MASKED: tl.constexpr,
              EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
              DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One (Q tile, KV tile) stage of the KV-stationary backward, on the transposed tile S^T
-    (BLOCK_N x BLOCK_M): P^T and dS^T come out of the products in the orientation the dK/dV
-    products consume, so only the dQ product needs a transpose. MASKED=False: the tile is whole
-    and fully visible (`interior_rows`), no masks."""
+    """One (Q tile from row m0, KV tile) stage of the KV-stationary backward, on the transposed
+    tile S^T (BLOCK_N x BLOCK_M): P^T and dS^T come out of the products in the orientation the
+    dK/dV products consume, so only the dQ product needs a transpose. MASKED=False: the tile is
+    whole and fully visible (`interior_rows`), no masks.
+    kv = (k, v, n0): the KV tile in registers and its first column;
+    head = (h, b, q_base, do_base, dq_base, lse_base, delta_base, stride_qs, stride_dos, stride_dqs,
+    stride_ls): the query head's rows of this sequence."""
+    k, v, n0 = kv
+    h, b, q_base, do_base, dq_base, lse_base, delta_base, stride_qs, stride_dos, stride_dqs, stride_ls = head
+    seqlen_q, seqlen_k, head_dim, _, _ = shape
+    scale = score[0]
     rows = m0 + tl.arange(0, BLOCK_M)
     cols = n0 + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
@@ -148,54 +183,76 @@ def _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
     qk_t = tl.dot(k, tl.trans(q))
     dp_t = tl.dot(v, tl.trans(do))
     pd_t, ds_t = _recompute(qk_t, dp_t, lse[None, :], delta[None, :], rows[None, :], cols[:, None], h, b,
-                            seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed,
-                            drop_threshold, inv_keep, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
+                            shape, score, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
     dv += tl.dot(pd_t.to(do.dtype), do)
     ds_lo = ds_t.to(q.dtype)
     dk += tl.dot(ds_lo, q)
-    if MODE != 2:
+    if MODE != SPLIT:
         dq = tl.dot(tl.trans(ds_lo), k) * scale
         dq_ptrs = dq_base + r64[:, None] * stride_dqs + dims[None, :]
         msk = (rows < seqlen_q)[:, None] & (dims < head_dim)[None, :]
-        if MODE == 0:
+        if MODE == ATOMIC:
             tl.atomic_add(dq_ptrs, dq, mask=msk, sem="relaxed")
         else:
-            if not NO_WAIT:
-                _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS, BLOCK_M, BLOCK_N)
-            # One writer at a time; atomics go straight to L2, so no stale L1 line is read.
-            tl.atomic_add(dq_ptrs, dq, mask=msk, sem="relaxed")
-            # All threads' adds are issued before the release below (DESIGN.md rule 4).
-            tl.debug_barrier()
-            tl.atomic_add(sem_ptr, 1, sem="release")
+            _add_in_rank_order(dq_ptrs, dq, msk, sem_ptr, rank, sync, m0, n0, h, b, NO_WAIT, DEBUG_WAITS,
+                               BLOCK_M, BLOCK_N)
     return dk, dv
 
 
 @triton.jit
-def _kv_program(pid, hk, b,
-    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR,
-    T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK,
-    seq_base, seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
-    window_left, window_right, max_polls,
-    seqlen_q_dense, seqlen_k_dense, group, head_dim, heads_q, num_m_max,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_dob, stride_dos, stride_doh,
-    stride_dkb, stride_dks, stride_dkh,
-    stride_dvb, stride_dvs, stride_dvh,
-    stride_dqb, stride_dqs, stride_dqh,
-    stride_lb, stride_lh, stride_ls,
-    t_stride_b, t_max_workers, t_max_steps,
-    MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, VARLEN: tl.constexpr,
-    EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
-    DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """One KV-stationary program: worker slot ``pid`` of KV head ``hk`` in sequence ``b``."""
+def _kv_walk(dk, dv, first, last, a, z, steps, sem_base, kv, head, shape, score, sync,
+             FROM_TABLE: tl.constexpr, MASKED: tl.constexpr,
+             MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr,
+             EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
+             DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Visit Q tiles with the KV tile `kv`, one `_kv_step` each.
+    FROM_TABLE (ordered mode): the worker's table steps [first, last), in the schedule's order;
+    steps = (T_QTILE, T_RANK) offset to the worker's row gives each step's Q tile and rank, and
+    the Q tiles inside [a, z) are interior (no masks). Otherwise: the Q tiles of rows
+    [first, last) in ascending order, all MASKED or all interior; no ranks."""
+    if FROM_TABLE:
+        T_QTILE, T_RANK = steps
+        for step in range(first, last):
+            m_tile = tl.load(T_QTILE + step)
+            rank = tl.load(T_RANK + step)
+            m0 = m_tile * BLOCK_M
+            if (m0 >= a) & (m0 < z):
+                dk, dv = _kv_step(dk, dv, m0, kv, head, shape, score, sem_base + m_tile, rank, sync, MODE,
+                                  NO_WAIT, DEBUG_WAITS, False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT,
+                                  BLOCK_M, BLOCK_N, BLOCK_D)
+            else:
+                dk, dv = _kv_step(dk, dv, m0, kv, head, shape, score, sem_base + m_tile, rank, sync, MODE,
+                                  NO_WAIT, DEBUG_WAITS, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT,
+                                  BLOCK_M, BLOCK_N, BLOCK_D)
+    else:
+        for m0 in range(first, last, BLOCK_M):
+            dk, dv = _kv_step(dk, dv, m0, kv, head, shape, score, sem_base, 0, sync, MODE, NO_WAIT,
+                              DEBUG_WAITS, MASKED, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT,
+                              BLOCK_M, BLOCK_N, BLOCK_D)
+    return dk, dv
+
+
+@triton.jit
+def _kv_program(pid, hk, b, tensors, strides, tables, seqs, shape_dense, score, sync, group, heads_q, num_m_max,
+                MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, VARLEN: tl.constexpr,
+                EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
+                DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One KV-stationary program: worker slot ``pid`` of KV head ``hk`` in sequence ``b``. The
+    tuples are those `_bwd_kv_kernel` builds; shape_dense has the dense lengths, which varlen
+    sequences replace with their own."""
+    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEM = tensors
+    (stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+     stride_dob, stride_dos, stride_doh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+     stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ls) = strides
+    T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK, t_stride_b, t_max_workers, t_max_steps = tables
+    CU_Q, CU_K = seqs
+    seqlen_q_dense, seqlen_k_dense, head_dim, window_left, window_right = shape_dense
     q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
     k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
+    shape = (seqlen_q, seqlen_k, head_dim, window_left, window_right)
     b64 = b.to(tl.int64)
     tb = b64 * t_stride_b   # table row of this sequence (dense: stride 0, one shared row)
-    if MODE == 1:
+    if MODE == ORDERED:
         if pid >= tl.load(T_NWORK + tb):
             return
         worker = tl.load(T_PERM + tb * t_max_workers + pid)
@@ -211,7 +268,7 @@ def _kv_program(pid, hk, b,
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < head_dim
     for seg in range(num_segments):
-        if MODE == 1:
+        if MODE == ORDERED:
             n_tile = tl.load(T_SEGKV + wrow * 2 + seg)
             seg_end = tl.load(T_SEGEND + wrow * 2 + seg)
             # Loaded, not carried over from the previous segment: Triton 3.6 compiled a carried
@@ -232,6 +289,7 @@ def _kv_program(pid, hk, b,
                         mask=kmsk, other=0.0)
             v = tl.load(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + c64 * stride_vs + dims[None, :],
                         mask=kmsk, other=0.0)
+            kv = (k, v, n0)
             dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
             dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
             lo, hi_row = row_range(n0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N, HAS_WL, HAS_WR)
@@ -242,63 +300,33 @@ def _kv_program(pid, hk, b,
                 h = hk * group + hi
                 h64 = h.to(tl.int64)
                 row0 = q_start.to(tl.int64)
-                q_base = Q + b64 * stride_qb + h64 * stride_qh + row0 * stride_qs
-                do_base = DO + b64 * stride_dob + h64 * stride_doh + row0 * stride_dos
-                dq_base = DQA + b64 * stride_dqb + h64 * stride_dqh + row0 * stride_dqs
-                lse_base = LSE + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls
-                delta_base = DELTA + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls
+                head = (h, b,
+                        Q + b64 * stride_qb + h64 * stride_qh + row0 * stride_qs,
+                        DO + b64 * stride_dob + h64 * stride_doh + row0 * stride_dos,
+                        DQA + b64 * stride_dqb + h64 * stride_dqh + row0 * stride_dqs,
+                        LSE + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls,
+                        DELTA + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls,
+                        stride_qs, stride_dos, stride_dqs, stride_ls)
                 sem_base = SEM + (b64 * heads_q + h64) * num_m_max
-                if MODE == 1:
+                if MODE == ORDERED:   # the schedule's visits, from the tables
                     tq = wrow * t_max_steps
-                    for step in range(seg_begin, seg_end):
-                        m_tile = tl.load(T_QTILE + tq + step)
-                        rank = tl.load(T_RANK + tq + step)
-                        m0 = m_tile * BLOCK_M
-                        if (m0 >= a) & (m0 < z):
-                            dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-                                              q_base, do_base, dq_base, lse_base, delta_base,
-                                              stride_qs, stride_dos, stride_dqs, stride_ls,
-                                              window_left, window_right, scale, scale_log2, softcap, seed,
-                                              drop_threshold, inv_keep, head_dim, sem_base + m_tile, rank,
-                                              ERR, max_polls, MODE, NO_WAIT, DEBUG_WAITS, False, EVEN_D,
-                                              HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
-                        else:
-                            dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-                                              q_base, do_base, dq_base, lse_base, delta_base,
-                                              stride_qs, stride_dos, stride_dqs, stride_ls,
-                                              window_left, window_right, scale, scale_log2, softcap, seed,
-                                              drop_threshold, inv_keep, head_dim, sem_base + m_tile, rank,
-                                              ERR, max_polls, MODE, NO_WAIT, DEBUG_WAITS, True, EVEN_D,
-                                              HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                    dk, dv = _kv_walk(dk, dv, seg_begin, seg_end, a, z, (T_QTILE + tq, T_RANK + tq), sem_base,
+                                      kv, head, shape, score, sync, True, False, MODE, NO_WAIT, DEBUG_WAITS,
+                                      EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
                 else:
                     # Masked top edge (causal diagonal), interior, masked bottom edge (window,
                     # ragged end): ascending Q tiles as one walk over [m_lo, hi_row).
-                    for m0 in range(m_lo, a, BLOCK_M):
-                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-                                          q_base, do_base, dq_base, lse_base, delta_base,
-                                          stride_qs, stride_dos, stride_dqs, stride_ls,
-                                          window_left, window_right, scale, scale_log2, softcap, seed,
-                                          drop_threshold, inv_keep, head_dim, sem_base, 0, ERR, max_polls,
-                                          MODE, NO_WAIT, DEBUG_WAITS, True, EVEN_D,
-                                          HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
-                    for m0 in range(a, z, BLOCK_M):
-                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-                                          q_base, do_base, dq_base, lse_base, delta_base,
-                                          stride_qs, stride_dos, stride_dqs, stride_ls,
-                                          window_left, window_right, scale, scale_log2, softcap, seed,
-                                          drop_threshold, inv_keep, head_dim, sem_base, 0, ERR, max_polls,
-                                          MODE, NO_WAIT, DEBUG_WAITS, False, EVEN_D,
-                                          HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
-                    for m0 in range(z, hi_row, BLOCK_M):
-                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-                                          q_base, do_base, dq_base, lse_base, delta_base,
-                                          stride_qs, stride_dos, stride_dqs, stride_ls,
-                                          window_left, window_right, scale, scale_log2, softcap, seed,
-                                          drop_threshold, inv_keep, head_dim, sem_base, 0, ERR, max_polls,
-                                          MODE, NO_WAIT, DEBUG_WAITS, True, EVEN_D,
-                                          HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                    dk, dv = _kv_walk(dk, dv, m_lo, a, a, z, (T_QTILE, T_RANK), sem_base, kv, head, shape,
+                                      score, sync, False, True, MODE, NO_WAIT, DEBUG_WAITS,
+                                      EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                    dk, dv = _kv_walk(dk, dv, a, z, a, z, (T_QTILE, T_RANK), sem_base, kv, head, shape,
+                                      score, sync, False, False, MODE, NO_WAIT, DEBUG_WAITS,
+                                      EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                    dk, dv = _kv_walk(dk, dv, z, hi_row, a, z, (T_QTILE, T_RANK), sem_base, kv, head, shape,
+                                      score, sync, False, True, MODE, NO_WAIT, DEBUG_WAITS,
+                                      EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
             tl.store(DK + b64 * stride_dkb + hk.to(tl.int64) * stride_dkh + c64 * stride_dks + dims[None, :],
-                     (dk * scale).to(DK.dtype.element_ty), mask=kmsk)
+                     (dk * score[0]).to(DK.dtype.element_ty), mask=kmsk)
             tl.store(DV + b64 * stride_dvb + hk.to(tl.int64) * stride_dvh + c64 * stride_dvs + dims[None, :],
                      dv.to(DV.dtype.element_ty), mask=kmsk)
 
@@ -323,47 +351,50 @@ def _bwd_kv_kernel(
     EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
     DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """The KV-stationary backward (one launch of a launch plan): MODE is one of ATOMIC, ORDERED,
+    SPLIT; the T_* tables (ordered mode) give each worker's KV tiles, Q-tile visits and ranks."""
+    tl.static_assert(MODE == ATOMIC or MODE == ORDERED or MODE == SPLIT)
+    tl.static_assert(MODE == ORDERED or not (PERSISTENT or NO_WAIT or DEBUG_WAITS))   # waits: ordered mode only
+    tl.static_assert((BLOCK_M >= 16) & (BLOCK_N >= 16) & (BLOCK_D >= 16))        # tl.dot's smallest tiles
+    tensors = (Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEM)
+    strides = (stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+               stride_dob, stride_dos, stride_doh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
+               stride_dvh, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ls)
+    tables = (T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK, t_stride_b, t_max_workers, t_max_steps)
+    seqs = (CU_Q, CU_K)
+    shape_dense = (seqlen_q_dense, seqlen_k_dense, head_dim, window_left, window_right)
+    score = (scale, scale_log2, softcap, seed, drop_threshold, inv_keep)
+    sync = (ERR, max_polls)
     if PERSISTENT:
         # Cyclic waits (shift): at most as many programs as the GPU holds at once, each taking
         # work items (slot fastest, then KV head, then sequence) in increasing order, so a
-        # group's members all run at the same time once every earlier item is done (DESIGN.md
-        # rule 5; the proof is in docs/INTERNALS.md). Block dispatch order is then irrelevant.
+        # group's members all run at the same time once every earlier item is done
+        # (docs/DESIGN.md, rule 5 and "The launch plan"). Block dispatch order is then irrelevant.
         heads_kv = heads_q // group
         for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
             _kv_program(item % t_max_workers, (item // t_max_workers) % heads_kv,
-                        item // (t_max_workers * heads_kv) + seq_base,
-                        Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR, T_PERM, T_NWORK, T_SEGKV,
-                        T_SEGEND, T_QTILE, T_RANK, seq_base, seed, drop_threshold, scale, scale_log2,
-                        softcap, inv_keep, window_left, window_right, max_polls, seqlen_q_dense,
-                        seqlen_k_dense, group, head_dim, heads_q, num_m_max, stride_qb, stride_qs, stride_qh,
-                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_dob,
-                        stride_dos, stride_doh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
-                        stride_dvh, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ls,
-                        t_stride_b, t_max_workers, t_max_steps, MODE, NO_WAIT, DEBUG_WAITS, VARLEN, EVEN_D,
+                        item // (t_max_workers * heads_kv) + seq_base, tensors, strides, tables, seqs, shape_dense,
+                        score, sync, group, heads_q, num_m_max, MODE, NO_WAIT, DEBUG_WAITS, VARLEN, EVEN_D,
                         HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
     else:
         # launches cover at most MAX_GRID_SEQS sequences: axis 2 counts from seq_base
-        _kv_program(tl.program_id(0), tl.program_id(1), tl.program_id(2) + seq_base,
-                    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR, T_PERM, T_NWORK, T_SEGKV,
-                    T_SEGEND, T_QTILE, T_RANK, seq_base, seed, drop_threshold, scale, scale_log2, softcap,
-                    inv_keep, window_left, window_right, max_polls, seqlen_q_dense, seqlen_k_dense, group,
-                    head_dim, heads_q, num_m_max, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
-                    stride_kh, stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
-                    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, stride_dqb,
-                    stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ls, t_stride_b, t_max_workers,
-                    t_max_steps, MODE, NO_WAIT, DEBUG_WAITS, VARLEN, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
-                    DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+        _kv_program(tl.program_id(0), tl.program_id(1), tl.program_id(2) + seq_base, tensors, strides, tables,
+                    seqs, shape_dense, score, sync, group, heads_q, num_m_max, MODE, NO_WAIT, DEBUG_WAITS, VARLEN,
+                    EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
 
 
 # ---------------------------------------------------------------- split: Q-stationary dQ
 
 @triton.jit
-def _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, n_from, n_to, h, b,
-              seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
-              inv_keep, head_dim,
+def _dq_tiles(acc, q_rows, n_from, n_to, kv_bases, h, b, shape, score,
               MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
               SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dQ of one Q tile over the KV tiles [n_from, n_to); MASKED=False as in the forward."""
+    """dQ of one Q tile over the KV tiles [n_from, n_to); MASKED=False as in the forward.
+    q_rows = (q, do, lse, delta, rows): the Q tile's operands; kv_bases = (k_base, v_base,
+    stride_ks, stride_vs): its KV head in this sequence."""
+    q, do, lse, delta, rows = q_rows
+    k_base, v_base, stride_ks, stride_vs = kv_bases
+    seqlen_k, head_dim = shape[1], shape[2]
     for n0 in range(n_from, n_to, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, cols, stride_ks, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
@@ -371,8 +402,7 @@ def _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows
         qk = tl.dot(q, tl.trans(k))
         dp = tl.dot(do, tl.trans(v))
         _, ds = _recompute(qk, dp, lse[:, None], delta[:, None], rows[:, None], cols[None, :], h, b,
-                           seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed,
-                           drop_threshold, inv_keep, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
+                           shape, score, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
         acc += tl.dot(ds.to(q.dtype), k)
     return acc
 
@@ -393,11 +423,16 @@ def _bwd_dq_kernel(
     SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """`split`'s dQ: one program owns one Q tile of one query head and sums its dQ over the KV
+    tiles it sees, on chip, in ascending order: no cross-program reduction."""
+    tl.static_assert((BLOCK_M >= 16) & (BLOCK_N >= 16) & (BLOCK_D >= 16))   # tl.dot's smallest tiles
     pid_m, h, b, q_start, seqlen_q, k_start, seqlen_k = q_tile_program(CU_Q, CU_K, seq_base, seqlen_q_dense,
                                                                        seqlen_k_dense, VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
+    shape = (seqlen_q, seqlen_k, head_dim, window_left, window_right)
+    score = (scale, scale_log2, softcap, seed, drop_threshold, inv_keep)
     hk = h // group
     b64 = b.to(tl.int64)
     rows = m0 + tl.arange(0, BLOCK_M)
@@ -413,21 +448,21 @@ def _bwd_dq_kernel(
     stat = b64 * stride_lb + h.to(tl.int64) * stride_lh + (q_start + rows).to(tl.int64) * stride_ls
     lse = tl.load(LSE + stat, mask=rmask, other=float("inf"))
     delta = tl.load(DELTA + stat, mask=rmask, other=0.0)
-    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks
-    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs
+    q_rows = (q, do, lse, delta, rows)
+    kv_bases = (K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks,
+                V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs,
+                stride_ks, stride_vs)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, hi = col_range(m0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, HAS_WL, HAS_WR)
     n_lo = tl.maximum(lo, 0) // BLOCK_N * BLOCK_N
     a, z = interior_cols(m0, n_lo, hi, seqlen_q, seqlen_k, window_left, window_right,
                          BLOCK_M, BLOCK_N, HAS_WL, HAS_WR)
-    acc = _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, n_lo, a, h, b,
-                    seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
-                    inv_keep, head_dim, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
-    acc = _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, a, z, h, b,
-                    seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
-                    inv_keep, head_dim, False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
-    acc = _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, z, hi, h, b,
-                    seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
-                    inv_keep, head_dim, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
+    # Masked edge, interior, masked edge: the plain ascending walk over [n_lo, hi).
+    acc = _dq_tiles(acc, q_rows, n_lo, a, kv_bases, h, b, shape, score, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
+                    DROPOUT, BLOCK_N, BLOCK_D)
+    acc = _dq_tiles(acc, q_rows, a, z, kv_bases, h, b, shape, score, False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
+                    DROPOUT, BLOCK_N, BLOCK_D)
+    acc = _dq_tiles(acc, q_rows, z, hi, kv_bases, h, b, shape, score, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
+                    DROPOUT, BLOCK_N, BLOCK_D)
     tl.store(DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + r64 * stride_dqs + dims[None, :],
              (acc * scale).to(DQ.dtype.element_ty), mask=msk)

@@ -16,7 +16,7 @@ from .backends import DeviceProps, StuckWaitError
 from .philox import dropout_threshold
 
 # The registry's kernel modes (dash_plugin/schedules/registry.py) and the kernel's named modes.
-_MODES = {"atomic": attn_bwd.ATOMIC, "ordered": attn_bwd.ORDERED, "split": attn_bwd.SPLIT}
+_MODES = {"atomic": attn_bwd.ATOMIC.value, "ordered": attn_bwd.ORDERED.value, "split": attn_bwd.SPLIT.value}
 _CUDA_DTYPES = (torch.float16, torch.bfloat16)
 _INTERPRETER_DTYPES = (torch.float16, torch.float32)
 
