@@ -7,22 +7,24 @@
   dS, updates dK/dV, and adds its dQ partial into an fp32 accumulator:
     * ``atomic``: plain atomic adds (order = arrival order: the non-deterministic reference point);
     * ordered schedules (``ascending``, ``spt``, ``descending``, ``shift``): the visit order and
-      each add's rank come from ``dash_plugin.schedules.kernel_tables``; per-dQ-tile int32
-      semaphores: wait until the counter equals my rank (acquire), add, barrier, release-increment
-      (DESIGN.md rules 4-6).
+      each add's rank come from the launch plan's tables (dash_plugin/schedules/plan.py), handed
+      in by the Triton backend (triton_backend.py); per-dQ-tile int32 semaphores: wait until the
+      counter equals my rank (acquire), add, barrier, release-increment (docs/DESIGN.md,
+      "Determinism rules", rules 4-6).
 - postprocess: dQ accumulator (fp32) rounded once to the input dtype.
 - ``split``: the same KV kernel without dQ, plus Q-stationary dQ programs that recompute P and
   dS and own their dQ tile outright: no cross-program reduction at all.
 
 Launch order and waiting. An ordered wait is only safe if the program it waits on is running
-or done. The host orders each sequence's workers so that every dQ tile's contributors are
-launched in rank order (a topological order of the "rank r before rank r+1" edges). Then
+or done. The launch plan orders each sequence's workers so that every dQ tile's contributors
+are launched in rank order (a topological order of the "rank r before rank r+1" edges). Then
 acyclic schedules (ascending, descending, spt) wait only on earlier-launched programs, which
 holds both on the GPU (blocks are dispatched in launch order, x fastest) and in the Triton
-interpreter (programs run one by one, grid axis 0 outermost). The cyclic shift schedule waits
-inside groups of at most ``KernelTables.group_size`` workers (a shape-only constant); on the GPU a group is resident
-at once when the device holds that many programs (checked at launch); the interpreter cannot
-run cyclic waits, so there the kernel skips waiting (NO_WAIT) and only correctness is tested.
+interpreter (programs run one by one, grid axis 0 outermost). The cyclic shift waits inside
+groups of at most the plan's group size (a shape-only number); the plan launches it on a
+persistent grid (PERSISTENT) of programs that are all resident at once, having checked that a
+group fits. The interpreter cannot run cyclic waits, so there the plan skips them (NO_WAIT) and
+only correctness is tested. Nothing here chooses an order: the kernels execute the plan.
 """
 import triton
 import triton.language as tl

@@ -2,7 +2,7 @@
 should kernels/tile_config.py hold? Times each candidate at the points that decide the targets,
 with SDPA cuDNN timed in the same process as the yardstick, and writes JSON to argv[1].
 
-The table itself stays fixed (DESIGN.md rule 2): this only informs what is committed.
+The table itself stays fixed (docs/DESIGN.md, "Determinism rules", rule 2): this only informs what is committed.
 Usage: python scripts/gpu_tune.py OUT.json [fwd|bwd|split|all] [max_minutes] [hdims, default 64,128]
 """
 import json

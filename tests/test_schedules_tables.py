@@ -18,7 +18,7 @@ def test_full_shift_4x4_matches_notes():
                                      causal=False))
     assert t.num_workers.tolist() == [4]
     assert t.q_tile[0].tolist() == [[0, 1, 2, 3], [1, 2, 3, 0], [2, 3, 0, 1], [3, 0, 1, 2]]
-    # dQ0 addition order kv0, kv3, kv2, kv1 (dash-schedules.md 4.3): rank of kv1/kv2/kv3 at q0
+    # dQ0 addition order kv0, kv3, kv2, kv1 (the DASH paper's 4x4 cyclic shift): rank of kv1/kv2/kv3 at q0
     ranks_q0 = {w: t.rank[0, w][t.q_tile[0, w] == 0].item() for w in range(4)}
     assert ranks_q0 == {0: 0, 1: 3, 2: 2, 3: 1}
     assert t.num_contrib.tolist() == [[4, 4, 4, 4]]
