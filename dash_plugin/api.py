@@ -60,7 +60,10 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
                                      model_config=model_config)
     concrete = _concrete_schedule(resolved, causal=causal, head_dim=q.shape[-1], seqlen_q=max_seqlen_q,
                                   seqlen_k=max_seqlen_k, window=(left, right), varlen=varlen)
-    chosen = dispatch.choose_backend(resolved.backend, q, concrete).name
+    chosen = dispatch.choose_backend(resolved.backend, q, k, concrete, cu_seqlens_q=cu_seqlens_q,
+                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+                                     window_left=left, window_right=right, softcap=softcap,
+                                     dropout_p=dropout_p).name
     config._remember(dataclasses.replace(resolved, concrete_schedule=concrete, concrete_backend=chosen))
 
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)

@@ -13,11 +13,12 @@ from typing import Optional
 import torch
 
 from dash_plugin import checks, dispatch
+from dash_plugin.kernels import backends
 
 
 def kernel_path(t: torch.Tensor) -> str:
-    """Which backend ``auto`` runs for input ``t``: "triton" or "reference"."""
-    return dispatch.choose_backend("auto", t).name
+    """Which backend ``auto`` runs for inputs of ``t``'s device and dtype: "triton" or "reference"."""
+    return backends.choose("auto", backends.Request(t.device, t.dtype, t.shape[-1] if t.dim() else 1)).name
 
 
 def _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,

@@ -23,17 +23,25 @@ AUTO = "auto"
 
 @dataclass(frozen=True)
 class Request:
-    """What a call asks of a backend, in the terms `Backend.supports` decides on."""
+    """What a call asks of a backend: what `supports` decides on and `tiles` picks by."""
 
-    device_type: str                # "cuda", "cpu"
+    device: torch.device
     dtype: torch.dtype
     head_dim: int
     schedule: str | None = None     # the concrete schedule (None: any)
     kernel_mode: str | None = None  # its kernel mode in the schedule registry (None: any)
+    varlen: bool = False
+    seqlen_q: int = 0               # the longest sequence (dense: the sequence length)
+    seqlen_k: int = 0
+    causal: bool = False
+    window_left: int = -1           # -1: unbounded
+    window_right: int = -1          # -1: unbounded; 0 with causal
+    softcap: bool = False
+    dropout: bool = False
 
-    @classmethod
-    def of(cls, q: torch.Tensor, schedule: str | None = None, kernel_mode: str | None = None) -> "Request":
-        return cls(q.device.type, q.dtype, q.shape[-1], schedule, kernel_mode)
+    @property
+    def device_type(self) -> str:
+        return self.device.type
 
 
 @dataclass(frozen=True)
@@ -55,8 +63,10 @@ class Backend(Protocol):
         """True, or why this backend cannot run the request on this machine."""
 
     def tiles(self, request: Request):
-        """Tiles (block_m, block_n) of the backend's KV-stationary backward kernel for the request:
-        the launch plan's ranks are built for them. None: the backend needs no plan tables."""
+        """Tiles of the backend's KV-stationary backward kernel for the request: an object with
+        block_m and block_n, and optionally group_size (the largest group of workers the backend
+        keeps co-resident for cyclic waits; absent or None: the schedule's default rule). The
+        launch plan's ranks are built for them. None: the backend needs no plan tables."""
 
     def device_props(self, device: torch.device) -> DeviceProps:
         ...

@@ -26,9 +26,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+from dash_plugin import dispatch  # noqa: E402
 from dash_plugin.kernels import backends, triton_backend  # noqa: E402
 from dash_plugin.schedules import plan as launch_plans  # noqa: E402
-from dash_plugin.schedules import registry  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 H100 = backends.DeviceProps(resident_programs=132)
@@ -90,7 +90,8 @@ def _inputs(spec, kw, gen):
 def _backward(schedule, q, k, v, lse, kw):
     """The Triton backend's backward with a plan for an H100 (132 resident programs)."""
     be = triton_backend.BACKEND
-    tiles = be.tiles(backends.Request.of(q, schedule, registry.get(schedule).kernel_mode))
+    _spec, request = dispatch.request(q, k, schedule, **kw)
+    tiles = be.tiles(request)
     shape = launch_plans.AttentionShape.of(q, k, cu_seqlens_q=kw.get("cu_seqlens_q"),
                                            cu_seqlens_k=kw.get("cu_seqlens_k"), causal=kw.get("causal", False),
                                            window_left=kw.get("window_left", -1),

@@ -15,7 +15,7 @@ BUILTIN = ("reference", "triton")
 
 
 def req(device="cuda", dtype=torch.bfloat16, head_dim=128, schedule="split", mode="split"):
-    return Request(device, dtype, head_dim, schedule, mode)
+    return Request(torch.device(device), dtype, head_dim, schedule, mode)
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +109,12 @@ def test_the_api_names_the_backend_that_ran():
     assert dash_plugin.last_resolved().describe().endswith("backend=reference (from call argument)")
     assert all(torch.equal(a, b) for a, b in zip(default, explicit))
     assert ops.kernel_path(torch.zeros(1)) == "reference"
-    assert dispatch.choose_backend("auto", torch.zeros(1, dtype=torch.bfloat16), "shift").name == "reference"
+    x = torch.zeros(1, 8, 1, 32, dtype=torch.bfloat16)
+    assert dispatch.choose_backend("auto", x, x, "shift", causal=True).name == "reference"
+    _spec, request = dispatch.request(x[0], x[0], "shift", cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32),
+                                      max_seqlen_q=8, max_seqlen_k=8, causal=True, window_right=-1, softcap=2.0)
+    assert request == Request(torch.device("cpu"), torch.bfloat16, 32, "shift", "ordered", True, 8, 8, True, -1, 0,
+                              softcap=True, dropout=False)
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton interpreter runs without CUDA")

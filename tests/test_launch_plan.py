@@ -13,8 +13,8 @@ from dash_plugin.schedules.plan import ResidencyError
 
 
 class Tiles:
-    def __init__(self, block_m, block_n):
-        self.block_m, self.block_n = block_m, block_n
+    def __init__(self, block_m, block_n, group_size=None):
+        self.block_m, self.block_n, self.group_size = block_m, block_n, group_size
 
 
 H100 = DeviceProps(resident_programs=132)
@@ -57,6 +57,15 @@ def test_cyclic_shift_gets_a_persistent_grid_of_resident_programs():
     plain = launch_plan(full, "shift", tiles=Tiles(64, 128), device=H100,
                         options=LaunchOptions(persistent_cyclic=False))
     assert not plain.persistent and plain.grid(1) == ((8, 2, 1), 16)
+
+
+def test_a_backend_may_choose_the_cyclic_group_size():
+    """e.g. a backend whose scheduler spreads a group's CTAs over more launch slots than one per worker"""
+    full = shape(1024, 1024, causal=False)
+    plan = launch_plan(full, "shift", tiles=Tiles(64, 128, group_size=3), device=H100)
+    assert plan.group_size == 3 and [w.group for w in plan.schedule.sequences[0].workers] == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert plan.schedule is build_schedule("shift", seqlens_q=[1024], seqlens_k=[1024], block_m=64, block_n=128,
+                                           group_size=3)
 
 
 def test_unordered_modes_and_backends_without_tiles():

@@ -203,14 +203,14 @@ class ResidencyError(RuntimeError):
 
 
 @lru_cache(maxsize=256)
-def _plan_cached(shape: AttentionShape, spec: registry.ScheduleSpec, block_m, block_n, resident: int,
+def _plan_cached(shape: AttentionShape, spec: registry.ScheduleSpec, block_m, block_n, group_size, resident: int,
                  concurrent: bool, options: LaunchOptions) -> LaunchPlan:
     unordered = dict(tables=None, worker_order=None, group_size=1, persistent=False, resident_programs=resident,
                      skip_waits=False, semaphores=None, debug_waits=False, max_polls=0)
     if block_m is None:   # the backend sums in its own fixed order (the reference): nothing to plan
         return LaunchPlan(shape, spec, None, None, schedule=None, slots=0, **unordered)
     normalized = normalize_args(spec.name, shape.seqlens_q, shape.seqlens_k, block_m, block_n, shape.causal,
-                                shape.window_left, shape.window_right, None)
+                                shape.window_left, shape.window_right, group_size)
     schedule = build_cached(*normalized)
     if not spec.ordered:   # one program per KV tile
         return LaunchPlan(shape, spec, block_m, block_n, schedule, slots=-(-shape.max_seqlen_k // block_n),
@@ -233,8 +233,9 @@ def launch_plan(shape: AttentionShape, schedule: str, *, tiles, device, options:
                 ) -> LaunchPlan:
     """The plan of `schedule` (a registered, concrete name) for `shape`.
 
-    `tiles`: the backend's tiles of its KV-stationary kernel (anything with block_m and block_n;
-    the ranks depend on them), or None for a backend that needs no plan (the reference).
+    `tiles`: the backend's tiles of its KV-stationary kernel (anything with block_m and block_n,
+    and optionally group_size: the largest cyclic group it keeps co-resident; the ranks depend on
+    them), or None for a backend that needs no plan (the reference).
     `device`: the backend's device properties (resident_programs, concurrent).
     `options`: the environment's debug and launch switches (default: read now, ordered schedules only).
     """
@@ -242,4 +243,6 @@ def launch_plan(shape: AttentionShape, schedule: str, *, tiles, device, options:
     if options is None:
         options = LaunchOptions.from_env() if spec.ordered else LaunchOptions()
     block_m, block_n = (None, None) if tiles is None else (tiles.block_m, tiles.block_n)
-    return _plan_cached(shape, spec, block_m, block_n, device.resident_programs, device.concurrent, options)
+    group_size = getattr(tiles, "group_size", None)
+    return _plan_cached(shape, spec, block_m, block_n, group_size, device.resident_programs, device.concurrent,
+                        options)
