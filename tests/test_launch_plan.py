@@ -41,6 +41,17 @@ def test_ordered_plan_holds_the_tables_and_the_launch():
     assert len(plan.work_items()) == 24
 
 
+def test_launch_order_puts_contributors_in_rank_order():
+    # tile 0: worker 2 (rank 0) then worker 0 (rank 1); tile 1: worker 1 (rank 0) then worker 2 (rank 1)
+    q_tile = torch.tensor([[0], [1], [0]])
+    rank = torch.tensor([[1], [0], [0]])
+    order = launch_order(3, q_tile, rank)
+    assert order.index(2) < order.index(0)
+    q_tile = torch.tensor([[0, 1], [1, 0]])
+    rank = torch.tensor([[0, 1], [0, 1]])   # cyclic: 0 waits on 1 for tile 1, 1 on 0 for tile 0
+    assert sorted(launch_order(2, q_tile, rank)) == [0, 1]
+
+
 def test_cyclic_shift_gets_a_persistent_grid_of_resident_programs():
     full = shape(1024, 1024, causal=False)
     plan = launch_plan(full, "shift", tiles=Tiles(64, 128), device=DeviceProps(resident_programs=10))

@@ -25,7 +25,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 from dash_plugin import dispatch  # noqa: E402
 from dash_plugin.kernels import attn_fwd, reference  # noqa: E402
 from dash_plugin.kernels.triton_backend import BACKEND as TRITON  # noqa: E402
-from dash_plugin.schedules import launch_order, registry  # noqa: E402
+from dash_plugin.schedules import registry  # noqa: E402
 
 assert type(attn_fwd._fwd_kernel).__name__.startswith("Interpreted"), "triton was imported before TRITON_INTERPRET=1"
 
@@ -170,17 +170,6 @@ def test_ordered_schedules_give_identical_bits_in_the_interpreter_runs():
     a = triton_backward(do, q, k, v, out, lse, schedule="descending", **kw)
     b = triton_backward(do, q, k, v, out, lse, schedule="descending", **kw)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
-
-
-def test_launch_order_puts_contributors_in_rank_order():
-    # tile 0: worker 2 (rank 0) then worker 0 (rank 1); tile 1: worker 1 (rank 0) then worker 2 (rank 1)
-    q_tile = torch.tensor([[0], [1], [0]])
-    rank = torch.tensor([[1], [0], [0]])
-    order = launch_order(3, q_tile, rank)
-    assert order.index(2) < order.index(0)
-    q_tile = torch.tensor([[0, 1], [1, 0]])
-    rank = torch.tensor([[0, 1], [0, 1]])   # cyclic: 0 waits on 1 for tile 1, 1 on 0 for tile 0
-    assert sorted(launch_order(2, q_tile, rank)) == [0, 1]
 
 
 @pytest.mark.parametrize("kwargs, match", [
