@@ -4,6 +4,9 @@ and write the TTGIR, PTX and SASS of every launch; or compare two such dumps.
     python scripts/dump_kernel_asm.py OUT_DIR                # dump every case below
     python scripts/dump_kernel_asm.py --compare DIR_A DIR_B  # same PTX per launch?
 
+It also dumps a checkout from before the launch plan (7fa4cbb): put that checkout's
+dash_plugin first on PYTHONPATH (with kernels/ reachable as dash_plugin/kernels).
+
 How: a stub Triton driver that reports an sm90 target, and a JIT hook that compiles each launch
 (with the specializations the real launch would get from these arguments) instead of running it;
 the host code is the backend's own (launch plan, grid, flags), run on CPU tensors. Needs the
@@ -26,12 +29,14 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from dash_plugin import dispatch  # noqa: E402
-from dash_plugin.kernels import backends, triton_backend  # noqa: E402
-from dash_plugin.schedules import plan as launch_plans  # noqa: E402
+try:
+    from dash_plugin import dispatch
+    from dash_plugin.kernels import backends, triton_backend
+    from dash_plugin.schedules import plan as launch_plans
+except ImportError:   # a checkout from before the launch plan (7fa4cbb and older): its own launcher
+    dispatch = None
 
 SM90 = GPUTarget("cuda", 90, 32)
-H100 = backends.DeviceProps(resident_programs=132)
 
 # name -> ((B, Sq, Sk, Hq, Hkv, D) dense or (lengths, Hq, Hkv, D) varlen, keywords, schedules, environment)
 CASES = {
@@ -89,16 +94,22 @@ def _inputs(spec, kw, gen):
 
 def _backward(schedule, q, k, v, lse, kw):
     """The Triton backend's backward with a plan for an H100 (132 resident programs)."""
+    out, dout = torch.randn_like(q), torch.randn_like(q)
+    if dispatch is None:   # before the launch plan: the kernel module launched itself
+        from dash_plugin.kernels import attn_bwd
+        attn_bwd._resident_programs = lambda device: 132
+        attn_bwd.attention_backward(dout, q, k, v, out, lse, schedule=schedule, deterministic=schedule != "atomic",
+                                    **kw)
+        return
     be = triton_backend.BACKEND
     _spec, request = dispatch.request(q, k, schedule, **kw)
-    tiles = be.tiles(request)
     shape = launch_plans.AttentionShape.of(q, k, cu_seqlens_q=kw.get("cu_seqlens_q"),
                                            cu_seqlens_k=kw.get("cu_seqlens_k"), causal=kw.get("causal", False),
                                            window_left=kw.get("window_left", -1),
                                            window_right=kw.get("window_right", -1))
-    plan = launch_plans.launch_plan(shape, schedule, tiles=tiles, device=H100)
-    out = torch.randn_like(q)
-    be.backward(plan, torch.randn_like(q), q, k, v, out, lse, **kw)
+    plan = launch_plans.launch_plan(shape, schedule, tiles=be.tiles(request),
+                                    device=backends.DeviceProps(resident_programs=132))
+    be.backward(plan, dout, q, k, v, out, lse, **kw)
 
 
 def dump(out_dir):
