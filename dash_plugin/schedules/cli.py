@@ -71,8 +71,8 @@ def parse_args(argv):
                         "kernel's)")
     p.add_argument("--c", type=float, default=1.0, help="compute cost per (Q, KV) tile pair")
     p.add_argument("--r", type=float, default=0.5, help="ordered reduction cost per pair")
-    p.add_argument("--schedules", default="ascending,spt,descending,shift",
-                   help=f"comma-separated, from {','.join(registry.names())}")
+    p.add_argument("--schedules", default=",".join(s.name for s in registry.specs() if s.ordered),
+                   help=f"comma-separated, from {','.join(registry.names())} (default: the ordered ones)")
     p.add_argument("--png", default=None, help="write one Gantt PNG per schedule into this folder")
     a = p.parse_args(argv)
 

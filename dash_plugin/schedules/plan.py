@@ -127,7 +127,8 @@ class LaunchPlan:
         return (self.slots, self.shape.heads_kv, sequences), items
 
     def work_items(self) -> list[tuple[int, int, int, int]]:
-        """(sequence, table row, KV head, worker) in launch order, over the whole batch."""
+        """(sequence, table row, KV head, worker) in launch order, over the whole batch (split:
+        its KV programs, then the Q-stationary dQ programs of its second launch)."""
         seqs = self.schedule.sequences
         out = []
         for b in range(self.shape.batch):
