@@ -11,7 +11,6 @@ so a machine without Triton (or without a Hopper-only library) still runs the ot
 """
 from __future__ import annotations
 
-import importlib
 import warnings
 from dataclasses import dataclass
 from typing import Protocol
@@ -78,11 +77,20 @@ class Backend(Protocol):
         """(dq, dk, dv), running `plan` (same keywords as `forward`)."""
 
 
-# name -> module defining BACKEND. A new backend adds a line here, and to AUTO_ORDER if auto may pick it.
-_MODULES = {
-    "reference": "dash_plugin.kernels.reference_backend",
-    "triton": "dash_plugin.kernels.triton_backend",
-}
+def _reference():
+    from . import reference_backend
+    return reference_backend.BACKEND
+
+
+def _triton():
+    from . import triton_backend
+    return triton_backend.BACKEND
+
+
+# name -> loader of its BACKEND: plain import statements (not importlib), which torch.compile can
+# trace when the first call comes inside a compiled region. A new backend adds a loader here, and
+# to AUTO_ORDER if auto may pick it.
+_LOADERS = {"reference": _reference, "triton": _triton}
 # The auto rule: per device type, the backends in order of speed; auto takes the first that
 # implements the schedule and supports the call. Committed here, never a timing taken at run time.
 AUTO_ORDER = {"cuda": ("triton", "reference")}
@@ -103,17 +111,17 @@ _loaded: dict[str, object] = {}
 
 
 def names() -> tuple[str, ...]:
-    return tuple(_MODULES)
+    return tuple(_LOADERS)
 
 
 def get(name: str):
     """The backend `name` (imported on first use); one whose module fails to import stands in as
     unavailable, with the import error as its reason."""
-    if name not in _MODULES:
+    if name not in _LOADERS:
         raise ValueError(f"backend={name!r}; allowed: {', '.join((AUTO,) + names())}")
     if name not in _loaded:
         try:
-            _loaded[name] = importlib.import_module(_MODULES[name]).BACKEND
+            _loaded[name] = _LOADERS[name]()
         except Exception as exc:  # no triton, or a kernel library not importable on this stack
             warnings.warn(f"dash_plugin: the {name} backend is unavailable ({exc!r})")
             _loaded[name] = _Unavailable(name, f"the {name} backend does not import ({exc!r})")

@@ -51,7 +51,9 @@ def test_explicit_backends_run_or_say_why_not():
 
 
 def test_a_backend_that_does_not_import_is_unavailable(monkeypatch):
-    monkeypatch.setitem(backends._MODULES, "hopper", "dash_plugin.kernels.no_such_module")
+    def load_hopper():
+        from dash_plugin.kernels import no_such_module  # noqa: F401
+    monkeypatch.setitem(backends._LOADERS, "hopper", load_hopper)
     monkeypatch.setattr(backends, "_loaded", {})
     with pytest.warns(UserWarning, match="hopper backend is unavailable"):
         why = backends.get("hopper").supports(req())
@@ -140,3 +142,13 @@ def test_the_ops_carry_the_backend():
         torch.ops.dash.fwd(*args, "bogus")
     grads = torch.ops.dash.bwd(torch.ones_like(out), q, k, v, out, lse, None, None, *args[5:], "reference")
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+def test_backends_load_inside_a_compiled_region(monkeypatch):
+    """The API names the backend of each call, so the first call may come inside torch.compile:
+    loading a backend there must not break the graph (fullgraph=True)."""
+    monkeypatch.setattr(backends, "_loaded", {})
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 16, 2, 32, generator=g) for _ in range(3))
+    compiled = torch.compile(lambda q, k, v: dash_plugin.flash_attention(q, k, v, causal=True), fullgraph=True)
+    assert torch.equal(compiled(q, k, v), dash_plugin.flash_attention(q, k, v, causal=True))
