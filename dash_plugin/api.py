@@ -1,9 +1,10 @@
 """The public entry point: ``dash_plugin.flash_attention``."""
+import dataclasses
 import math
 
 import torch
 
-from . import checks, config, ops
+from . import checks, config, dispatch, ops
 
 
 def _concrete_schedule(resolved: config.ResolvedConfig, *, causal, head_dim, seqlen_q, seqlen_k, window, varlen):
@@ -21,7 +22,7 @@ def _draw_seed() -> int:
 
 def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0, dropout_p=0.0,
                     dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                    schedule=None, deterministic=None, model_config=None, return_lse=False):
+                    schedule=None, deterministic=None, backend=None, model_config=None, return_lse=False):
     """Attention with a deterministic backward, in the flash-attn layout.
 
     Dense: ``q (B, S_q, H_q, D)``, ``k, v (B, S_k, H_kv, D)``. Varlen: ``q (T_q, H_q, D)``,
@@ -30,8 +31,9 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     when ``S_q != S_k``; ``window=(left, right)`` limits keys to ``[i - left, i + right]`` around
     the diagonal (-1: unbounded); ``softcap > 0`` applies ``softcap * tanh(s / softcap)``.
 
-    ``schedule`` / ``deterministic`` override the config switch (see ``dash_plugin.config``);
-    ``model_config`` lets a Hugging Face config's ``dash_attention`` entry take part.
+    ``schedule`` / ``deterministic`` / ``backend`` override the config switch (see
+    ``dash_plugin.config``); ``model_config`` lets a Hugging Face config's ``dash_attention`` entry
+    take part.
     Dropout draws its seed from torch's default generator unless ``dropout_seed`` is given.
 
     Returns ``out`` (like ``q``), or ``(out, lse)`` with ``return_lse=True``; ``lse`` is fp32
@@ -54,11 +56,15 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     else:
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
 
-    resolved = config.resolve_config(schedule=schedule, deterministic=deterministic, model_config=model_config)
+    resolved = config.resolve_config(schedule=schedule, deterministic=deterministic, backend=backend,
+                                     model_config=model_config)
     concrete = _concrete_schedule(resolved, causal=causal, head_dim=q.shape[-1], seqlen_q=max_seqlen_q,
                                   seqlen_k=max_seqlen_k, window=(left, right), varlen=varlen)
-    config._remember(config.ResolvedConfig(resolved.schedule, resolved.deterministic, resolved.schedule_source,
-                                           resolved.deterministic_source, concrete))
+    chosen = dispatch.choose_backend(resolved.backend, q, k, concrete, cu_seqlens_q=cu_seqlens_q,
+                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
+                                     window_left=left, window_right=right, softcap=softcap,
+                                     dropout_p=dropout_p).name
+    config._remember(dataclasses.replace(resolved, concrete_schedule=concrete, concrete_backend=chosen))
 
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     seed = 0
@@ -68,5 +74,5 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out, lse = ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                              bool(causal), left, right, float(softcap), float(dropout_p), seed, concrete,
-                             resolved.deterministic)
+                             resolved.deterministic, chosen)
     return (out, lse) if return_lse else out

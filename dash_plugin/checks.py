@@ -2,7 +2,7 @@
 what is allowed."""
 import torch
 
-from .config import DETERMINISTIC_SCHEDULES, SCHEDULES
+from .schedules import registry
 
 HEAD_DIM_MIN, HEAD_DIM_MAX = 32, 256
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -105,9 +105,4 @@ def check_op_args(name, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, caus
                          "or -1 for unbounded")
     if causal and window_right > 0:
         raise ValueError(f"{name}: causal=True with window_right={window_right}; causal allows 0 or -1")
-    if schedule == "auto" or schedule not in SCHEDULES:
-        raise ValueError(f"{name}: schedule={schedule!r}; the op takes a concrete schedule, one of "
-                         f"{', '.join(s for s in SCHEDULES if s != 'auto')} (the API resolves 'auto')")
-    # deterministic=False means "not required", so any schedule may run with it.
-    if deterministic and schedule not in DETERMINISTIC_SCHEDULES:
-        raise ValueError(f"{name}: schedule={schedule!r} is not deterministic but deterministic=True")
+    registry.check_call(schedule, deterministic, where=f"{name}: ")

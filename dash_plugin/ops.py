@@ -4,42 +4,21 @@ They are opaque to torch.compile (fake implementations give the shapes), so a co
 calls exactly the same kernels as an eager one. The backward-only knobs (schedule,
 deterministic) are forward arguments: ``register_autograd`` only sees forward inputs.
 
-Device dispatch: CUDA half-precision inputs run the Triton kernels; everything else (CPU, fp32,
-fp64, or a CUDA machine without Triton) runs the plain-PyTorch reference.
+Backend: the ``backend`` argument names one of kernels/backends.py (the API passes the one it
+resolved); ``auto`` picks by the committed rule there: Triton for CUDA half-precision inputs, the
+plain-PyTorch reference for everything else (CPU, fp32, fp64, or a CUDA machine without Triton).
 """
-import functools
-import warnings
 from typing import Optional
 
 import torch
 
-from dash_plugin import checks
-from dash_plugin.kernels import reference
-
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
-
-
-@functools.lru_cache(maxsize=None)
-def _triton_kernels():
-    """The Triton forward/backward modules, or None where they cannot run."""
-    try:
-        from dash_plugin.kernels import attn_bwd, attn_fwd
-    except Exception as exc:  # no triton, or kernels not importable on this stack
-        warnings.warn(f"dash_plugin: Triton kernels unavailable ({exc!r}); CUDA calls use the reference path")
-        return None
-    return attn_fwd, attn_bwd
-
-
-def _backend(t: torch.Tensor):
-    """Kernel module pair to use for tensor ``t`` (None: the reference)."""
-    if t.is_cuda and t.dtype in _KERNEL_DTYPES:
-        return _triton_kernels()
-    return None
+from dash_plugin import checks, dispatch
+from dash_plugin.kernels import backends
 
 
 def kernel_path(t: torch.Tensor) -> str:
-    """Which implementation a call with input ``t`` runs: "triton" or "reference"."""
-    return "reference" if _backend(t) is None else "triton"
+    """Which backend ``auto`` runs for inputs of ``t``'s device and dtype: "triton" or "reference"."""
+    return backends.choose("auto", backends.Request(t.device, t.dtype, t.shape[-1] if t.dim() else 1)).name
 
 
 def _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
@@ -57,20 +36,17 @@ def _lse_shape(q: torch.Tensor, varlen: bool):
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
              cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
              causal: bool, window_left: int, window_right: int, softcap: float, dropout_p: float, seed: int,
-             schedule: str, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+             schedule: str, deterministic: bool, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     checks.check_op_args("dash::fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
                          window_right, softcap, dropout_p, schedule, deterministic)
     kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                  window_right, softcap, dropout_p, seed)
-    kernels = _backend(q)
-    if kernels is None:
-        return reference.attention_forward(q, k, v, **kw)
-    return kernels[0].attention_forward(q, k, v, **kw)
+    return dispatch.attention_forward(q, k, v, schedule=schedule, backend=backend, **kw)
 
 
 @attn_fwd.register_fake
 def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                   window_left, window_right, softcap, dropout_p, seed, schedule, deterministic):
+                   window_left, window_right, softcap, dropout_p, seed, schedule, deterministic, backend="auto"):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
 
 
@@ -79,7 +55,7 @@ def attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
              lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
              max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
              window_right: int, softcap: float, dropout_p: float, seed: int, schedule: str,
-             deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             deterministic: bool, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     checks.check_op_args("dash::bwd", q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
                          window_right, softcap, dropout_p, schedule, deterministic)
     for arg, t in (("dout", dout), ("out", out)):
@@ -91,18 +67,13 @@ def attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         raise ValueError(f"dash::bwd: lse is {lse.dtype} {tuple(lse.shape)}; expected float32 {want}")
     kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                  window_right, softcap, dropout_p, seed)
-    kernels = _backend(q)
-    impl = reference.attention_backward if kernels is None else kernels[1].attention_backward
-    return impl(dout.contiguous(), q, k, v, out, lse, schedule=schedule, deterministic=deterministic, **kw)
+    return dispatch.attention_backward(dout.contiguous(), q, k, v, out, lse, schedule=schedule,
+                                       deterministic=deterministic, backend=backend, **kw)
 
 
 @attn_bwd.register_fake
 def _attn_bwd_fake(dout, q, k, v, out, lse, *args):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-_NON_TENSOR_ARGS = ("max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "window_left", "window_right",
-                    "softcap", "dropout_p", "seed", "schedule", "deterministic")
 
 
 def _setup_context(ctx, inputs, output):
@@ -116,7 +87,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = torch.ops.dash.bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
-    return (dq, dk, dv, None, None) + (None,) * len(_NON_TENSOR_ARGS)
+    return (dq, dk, dv, None, None) + (None,) * len(ctx.args)
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -125,7 +96,7 @@ attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 class _Attention(torch.autograd.Function):
     """What the public API calls when gradients are needed: the same context and backward as the
     op's registered autograd (one place, above), without the custom-op autograd wrapper, which
-    spends about 41 us per forward rebuilding our 16-argument schema (docs/benchmarks/NOTES.md).
+    spends about 41 us per forward rebuilding our 17-argument schema (docs/benchmarks/NOTES.md).
     Inside ``forward`` grad mode is off, so ``dash::fwd`` takes its plain path; torch.compile
     traces this Function and keeps both ops opaque."""
 

@@ -18,8 +18,8 @@ The attention function turns what the layer gives it into one call of :func:`das
   (from the mask when there is padding, else from ``position_ids``).
 
 K/V are never expanded for GQA. Sliding windows, softcap, custom scaling and dropout (training only) are
-forwarded. Per-call ``deterministic=`` and ``dash_schedule=`` keywords given to ``model(...)`` reach this
-function and are forwarded; the model config goes along as ``model_config`` so its ``dash_attention`` entry
+forwarded. Per-call ``deterministic=``, ``dash_schedule=`` and ``dash_backend=`` keywords given to ``model(...)``
+reach this function and are forwarded; the model config goes along as ``model_config`` so its ``dash_attention`` entry
 is one of the config switch's sources.
 
 Importing transformers' modeling code costs seconds, so :func:`register` does not import it: when
@@ -239,6 +239,7 @@ def dash_attention_forward(module, query, key, value, attention_mask, dropout=0.
         dropout_p=float(dropout) if getattr(module, "training", False) else 0.0,
         schedule=kwargs.get("dash_schedule"),
         deterministic=kwargs.get("deterministic"),
+        backend=kwargs.get("dash_backend"),
         model_config=getattr(module, "config", None),
     )
 

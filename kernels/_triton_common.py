@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .varlen import seqlens_of
+
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
@@ -50,7 +52,9 @@ def _check_cu(name, cu, total, device):
         raise ValueError(f"{name} is on {cu.device}, the inputs on {device}")
 
 
-def problem(q, k, v, cu_seqlens_q, cu_seqlens_k) -> Problem:
+def problem(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths=None) -> Problem:
+    """Shape facts of a call. Varlen: ``lengths`` (per-sequence lengths of q and k, as a launch plan
+    holds them) saves reading cu_seqlens back, which is a host sync."""
     varlen = cu_seqlens_q is not None
     if varlen != (cu_seqlens_k is not None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together")
@@ -75,15 +79,10 @@ def problem(q, k, v, cu_seqlens_q, cu_seqlens_k) -> Problem:
         if cu_seqlens_q.numel() != cu_seqlens_k.numel():
             raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.numel()} entries, cu_seqlens_k "
                              f"{cu_seqlens_k.numel()}: both must be B+1")
-        # One host sync per call: the launch grid and the schedule tables need the lengths.
-        cq = cu_seqlens_q.tolist()
-        ck = cu_seqlens_k.tolist()
-        lq = [b - a for a, b in zip(cq, cq[1:])]
-        lk = [b - a for a, b in zip(ck, ck[1:])]
-        if cq[0] != 0 or ck[0] != 0 or min(lq) < 0 or min(lk) < 0:
-            raise ValueError("cu_seqlens_q/k must start at 0 and be non-decreasing")
-        if cq[-1] > q.shape[0] or ck[-1] > k.shape[0]:
-            raise ValueError(f"cu_seqlens end at {cq[-1]}/{ck[-1]} but q/k hold {q.shape[0]}/{k.shape[0]} rows")
+        if lengths is not None:
+            lq, lk = list(lengths[0]), list(lengths[1])
+        else:   # one host sync per call: the launch grid needs the lengths
+            lq, lk = seqlens_of(cu_seqlens_q, q.shape[0]), seqlens_of(cu_seqlens_k, k.shape[0])
         return Problem(True, len(lq), hq, hkv, d, max(lq), max(lk), lq, lk, cu_seqlens_q, cu_seqlens_k)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")

@@ -7,40 +7,36 @@
   dS, updates dK/dV, and adds its dQ partial into an fp32 accumulator:
     * ``atomic``: plain atomic adds (order = arrival order: the non-deterministic reference point);
     * ordered schedules (``ascending``, ``spt``, ``descending``, ``shift``): the visit order and
-      each add's rank come from ``dash_plugin.schedules.kernel_tables``; per-dQ-tile int32
-      semaphores: wait until the counter equals my rank (acquire), add, barrier, release-increment
-      (DESIGN.md rules 4-6).
+      each add's rank come from the launch plan's tables (dash_plugin/schedules/plan.py), handed
+      in by the Triton backend (triton_backend.py); per-dQ-tile int32 semaphores: wait until the
+      counter equals my rank (acquire), add, barrier, release-increment (docs/DESIGN.md,
+      "Determinism rules", rules 4-6).
 - postprocess: dQ accumulator (fp32) rounded once to the input dtype.
 - ``split``: the same KV kernel without dQ, plus Q-stationary dQ programs that recompute P and
   dS and own their dQ tile outright: no cross-program reduction at all.
 
 Launch order and waiting. An ordered wait is only safe if the program it waits on is running
-or done. The host orders each sequence's workers so that every dQ tile's contributors are
-launched in rank order (a topological order of the "rank r before rank r+1" edges). Then
+or done. The launch plan orders each sequence's workers so that every dQ tile's contributors
+are launched in rank order (a topological order of the "rank r before rank r+1" edges). Then
 acyclic schedules (ascending, descending, spt) wait only on earlier-launched programs, which
 holds both on the GPU (blocks are dispatched in launch order, x fastest) and in the Triton
-interpreter (programs run one by one, grid axis 0 outermost). The cyclic shift schedule waits
-inside groups of at most ``KernelTables.group_size`` workers (a shape-only constant); on the GPU a group is resident
-at once when the device holds that many programs (checked at launch); the interpreter cannot
-run cyclic waits, so there the kernel skips waiting (NO_WAIT) and only correctness is tested.
+interpreter (programs run one by one, grid axis 0 outermost). The cyclic shift waits inside
+groups of at most the plan's group size (a shape-only number); the plan launches it on a
+persistent grid (PERSISTENT) of programs that are all resident at once, having checked that a
+group fits. The interpreter cannot run cyclic waits, so there the plan skips them (NO_WAIT) and
+only correctness is tested. Nothing here chooses an order: the kernels execute the plan.
 """
-import heapq
-import os
-
-import torch
 import triton
 import triton.language as tl
 
-from . import tile_config
-from ._triton_common import (LOG2E, col_range, dropout_keep, interior_cols, interior_rows, interpreting,
-                             load_tile, placeholder, problem, q_tile_program, row_range, seq_bounds, seq_chunks,
-                             stats_strides, strides4, tanh, visible)
-from .attn_fwd import _check_common, mask_params
-from .philox import dropout_threshold
+from ._triton_common import (col_range, dropout_keep, interior_cols, interior_rows, load_tile, q_tile_program,
+                             row_range, seq_bounds, tanh, visible)
 
-SCHEDULES = ("atomic", "ascending", "spt", "descending", "shift", "split")
-ORDERED = ("ascending", "spt", "descending", "shift")
-_MODE = {"atomic": 0, "ordered": 1, "split": 2}
+# Kernel modes of the KV-stationary kernel: how its programs hand in their dQ partials (the
+# schedule registry's kernel modes, docs/DESIGN.md). constexpr, so the kernels can name them.
+ATOMIC = tl.constexpr(0)    # atomic adds in arrival order (not deterministic)
+ORDERED = tl.constexpr(1)   # adds in rank order behind one semaphore per dQ tile (the schedule tables)
+SPLIT = tl.constexpr(2)     # no dQ: `_bwd_dq_kernel` recomputes it
 
 
 # ---------------------------------------------------------------- preprocess
@@ -69,16 +65,23 @@ def _bwd_preprocess(O, DO, DELTA, CU_Q, seq_base, seqlen_q_dense, head_dim,
 
 
 # ---------------------------------------------------------------- shared recompute
+#
+# Values that travel together are passed as tuples (Triton inlines every call and unpacks them at
+# compile time, so grouping changes no generated instruction):
+#   shape = (seqlen_q, seqlen_k, head_dim, window_left, window_right)  this sequence's lengths, the mask
+#   score = (scale, scale_log2, softcap, seed, drop_threshold, inv_keep)  softmax scale, softcap, dropout
+# The kernels' own parameters stay one per value: they are the compiled signature.
 
 @triton.jit
-def _recompute(qk, dp, lse, delta, r, c, h, b, seqlen_q, seqlen_k, window_left, window_right,
-               scale_log2, softcap, seed, drop_threshold, inv_keep,
+def _recompute(qk, dp, lse, delta, r, c, h, b, shape, score,
                MASKED: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
                SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr):
     """P (dropped and rescaled, for dV) and dS (w.r.t. the scaled, uncapped score) of one tile,
     from the products qk = Q K^T and dp = dO V^T. The KV kernel works on transposed tiles (S^T:
     rows along axis 1) and the dQ kernel on plain ones: ``r``, ``c``, ``lse``, ``delta`` come
     shaped to broadcast either way ([1, M]/[N, 1] or [M, 1]/[1, N])."""
+    seqlen_q, seqlen_k, _, window_left, window_right = shape
+    _, scale_log2, softcap, seed, drop_threshold, inv_keep = score
     if SOFTCAP:
         t = tanh(qk * (scale_log2 / 1.4426950408889634 / softcap))
         s = softcap * t * 1.4426950408889634
@@ -100,6 +103,8 @@ def _recompute(qk, dp, lse, delta, r, c, h, b, seqlen_q, seqlen_k, window_left, 
         ds = ds * (1.0 - t * t)
     return pd, ds
 
+
+# ---------------------------------------------------------------- ordered dQ adds
 
 @triton.jit
 def _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS: tl.constexpr,
@@ -130,17 +135,40 @@ def _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS: tl.
 
 
 @triton.jit
-def _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-             q_base, do_base, dq_base, lse_base, delta_base, stride_qs, stride_dos, stride_dqs, stride_ls,
-             window_left, window_right, scale, scale_log2, softcap, seed, drop_threshold, inv_keep, head_dim,
-             sem_ptr, rank, ERR, max_polls,
+def _add_in_rank_order(dq_ptrs, dq, msk, sem_ptr, rank, sync, m0, n0, h, b,
+                       NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    """The semaphore protocol of docs/DESIGN.md (rule 4): wait until the dQ tile's counter equals
+    my rank (acquire), add, make every thread's add complete (barrier) and visible (release), then
+    increment. sync = (ERR, max_polls) of the debug waits."""
+    ERR, max_polls = sync
+    if not NO_WAIT:
+        _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS, BLOCK_M, BLOCK_N)
+    # One writer at a time; atomics go straight to L2, so no stale L1 line is read.
+    tl.atomic_add(dq_ptrs, dq, mask=msk, sem="relaxed")
+    # All threads' adds are issued before the release below.
+    tl.debug_barrier()
+    tl.atomic_add(sem_ptr, 1, sem="release")
+
+
+# ---------------------------------------------------------------- main: KV-stationary
+
+@triton.jit
+def _kv_step(dk, dv, m0, kv, head, shape, score, sem_ptr, rank, sync,
              MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, MASKED: tl.constexpr,
              EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
              DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One (Q tile, KV tile) stage of the KV-stationary backward, on the transposed tile S^T
-    (BLOCK_N x BLOCK_M): P^T and dS^T come out of the products in the orientation the dK/dV
-    products consume, so only the dQ product needs a transpose. MASKED=False: the tile is whole
-    and fully visible (`interior_rows`), no masks."""
+    """One (Q tile from row m0, KV tile) stage of the KV-stationary backward, on the transposed
+    tile S^T (BLOCK_N x BLOCK_M): P^T and dS^T come out of the products in the orientation the
+    dK/dV products consume, so only the dQ product needs a transpose. MASKED=False: the tile is
+    whole and fully visible (`interior_rows`), no masks.
+    kv = (k, v, n0): the KV tile in registers and its first column;
+    head = (h, b, q_base, do_base, dq_base, lse_base, delta_base, stride_qs, stride_dos, stride_dqs,
+    stride_ls): the query head's rows of this sequence."""
+    k, v, n0 = kv
+    h, b, q_base, do_base, dq_base, lse_base, delta_base, stride_qs, stride_dos, stride_dqs, stride_ls = head
+    seqlen_q, seqlen_k, head_dim, _, _ = shape
+    scale = score[0]
     rows = m0 + tl.arange(0, BLOCK_M)
     cols = n0 + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
@@ -157,54 +185,76 @@ def _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
     qk_t = tl.dot(k, tl.trans(q))
     dp_t = tl.dot(v, tl.trans(do))
     pd_t, ds_t = _recompute(qk_t, dp_t, lse[None, :], delta[None, :], rows[None, :], cols[:, None], h, b,
-                            seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed,
-                            drop_threshold, inv_keep, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
+                            shape, score, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
     dv += tl.dot(pd_t.to(do.dtype), do)
     ds_lo = ds_t.to(q.dtype)
     dk += tl.dot(ds_lo, q)
-    if MODE != 2:
+    if MODE != SPLIT:
         dq = tl.dot(tl.trans(ds_lo), k) * scale
         dq_ptrs = dq_base + r64[:, None] * stride_dqs + dims[None, :]
         msk = (rows < seqlen_q)[:, None] & (dims < head_dim)[None, :]
-        if MODE == 0:
+        if MODE == ATOMIC:
             tl.atomic_add(dq_ptrs, dq, mask=msk, sem="relaxed")
         else:
-            if not NO_WAIT:
-                _wait_for_rank(sem_ptr, rank, ERR, max_polls, m0, n0, h, b, DEBUG_WAITS, BLOCK_M, BLOCK_N)
-            # One writer at a time; atomics go straight to L2, so no stale L1 line is read.
-            tl.atomic_add(dq_ptrs, dq, mask=msk, sem="relaxed")
-            # All threads' adds are issued before the release below (DESIGN.md rule 4).
-            tl.debug_barrier()
-            tl.atomic_add(sem_ptr, 1, sem="release")
+            _add_in_rank_order(dq_ptrs, dq, msk, sem_ptr, rank, sync, m0, n0, h, b, NO_WAIT, DEBUG_WAITS,
+                               BLOCK_M, BLOCK_N)
     return dk, dv
 
 
 @triton.jit
-def _kv_program(pid, hk, b,
-    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR,
-    T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK,
-    seq_base, seed, drop_threshold, scale, scale_log2, softcap, inv_keep,
-    window_left, window_right, max_polls,
-    seqlen_q_dense, seqlen_k_dense, group, head_dim, heads_q, num_m_max,
-    stride_qb, stride_qs, stride_qh,
-    stride_kb, stride_ks, stride_kh,
-    stride_vb, stride_vs, stride_vh,
-    stride_dob, stride_dos, stride_doh,
-    stride_dkb, stride_dks, stride_dkh,
-    stride_dvb, stride_dvs, stride_dvh,
-    stride_dqb, stride_dqs, stride_dqh,
-    stride_lb, stride_lh, stride_ls,
-    t_stride_b, t_max_workers, t_max_steps,
-    MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, VARLEN: tl.constexpr,
-    EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
-    DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """One KV-stationary program: worker slot ``pid`` of KV head ``hk`` in sequence ``b``."""
+def _kv_walk(dk, dv, first, last, a, z, steps, sem_base, kv, head, shape, score, sync,
+             FROM_TABLE: tl.constexpr, MASKED: tl.constexpr,
+             MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr,
+             EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
+             DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Visit Q tiles with the KV tile `kv`, one `_kv_step` each.
+    FROM_TABLE (ordered mode): the worker's table steps [first, last), in the schedule's order;
+    steps = (T_QTILE, T_RANK) offset to the worker's row gives each step's Q tile and rank, and
+    the Q tiles inside [a, z) are interior (no masks). Otherwise: the Q tiles of rows
+    [first, last) in ascending order, all MASKED or all interior; no ranks."""
+    if FROM_TABLE:
+        T_QTILE, T_RANK = steps
+        for step in range(first, last):
+            m_tile = tl.load(T_QTILE + step)
+            rank = tl.load(T_RANK + step)
+            m0 = m_tile * BLOCK_M
+            if (m0 >= a) & (m0 < z):
+                dk, dv = _kv_step(dk, dv, m0, kv, head, shape, score, sem_base + m_tile, rank, sync, MODE,
+                                  NO_WAIT, DEBUG_WAITS, False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT,
+                                  BLOCK_M, BLOCK_N, BLOCK_D)
+            else:
+                dk, dv = _kv_step(dk, dv, m0, kv, head, shape, score, sem_base + m_tile, rank, sync, MODE,
+                                  NO_WAIT, DEBUG_WAITS, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT,
+                                  BLOCK_M, BLOCK_N, BLOCK_D)
+    else:
+        for m0 in range(first, last, BLOCK_M):
+            dk, dv = _kv_step(dk, dv, m0, kv, head, shape, score, sem_base, 0, sync, MODE, NO_WAIT,
+                              DEBUG_WAITS, MASKED, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT,
+                              BLOCK_M, BLOCK_N, BLOCK_D)
+    return dk, dv
+
+
+@triton.jit
+def _kv_program(pid, hk, b, tensors, strides, tables, seqs, shape_dense, score, sync, group, heads_q, num_m_max,
+                MODE: tl.constexpr, NO_WAIT: tl.constexpr, DEBUG_WAITS: tl.constexpr, VARLEN: tl.constexpr,
+                EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
+                DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One KV-stationary program: worker slot ``pid`` of KV head ``hk`` in sequence ``b``. The
+    tuples are those `_bwd_kv_kernel` builds; shape_dense has the dense lengths, which varlen
+    sequences replace with their own."""
+    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEM = tensors
+    (stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+     stride_dob, stride_dos, stride_doh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh,
+     stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ls) = strides
+    T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK, t_stride_b, t_max_workers, t_max_steps = tables
+    CU_Q, CU_K = seqs
+    seqlen_q_dense, seqlen_k_dense, head_dim, window_left, window_right = shape_dense
     q_start, seqlen_q = seq_bounds(CU_Q, b, seqlen_q_dense, VARLEN)
     k_start, seqlen_k = seq_bounds(CU_K, b, seqlen_k_dense, VARLEN)
+    shape = (seqlen_q, seqlen_k, head_dim, window_left, window_right)
     b64 = b.to(tl.int64)
     tb = b64 * t_stride_b   # table row of this sequence (dense: stride 0, one shared row)
-    if MODE == 1:
+    if MODE == ORDERED:
         if pid >= tl.load(T_NWORK + tb):
             return
         worker = tl.load(T_PERM + tb * t_max_workers + pid)
@@ -220,7 +270,7 @@ def _kv_program(pid, hk, b,
     dims = tl.arange(0, BLOCK_D)
     dmask = dims < head_dim
     for seg in range(num_segments):
-        if MODE == 1:
+        if MODE == ORDERED:
             n_tile = tl.load(T_SEGKV + wrow * 2 + seg)
             seg_end = tl.load(T_SEGEND + wrow * 2 + seg)
             # Loaded, not carried over from the previous segment: Triton 3.6 compiled a carried
@@ -241,6 +291,7 @@ def _kv_program(pid, hk, b,
                         mask=kmsk, other=0.0)
             v = tl.load(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + c64 * stride_vs + dims[None, :],
                         mask=kmsk, other=0.0)
+            kv = (k, v, n0)
             dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
             dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
             lo, hi_row = row_range(n0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_N, HAS_WL, HAS_WR)
@@ -251,63 +302,33 @@ def _kv_program(pid, hk, b,
                 h = hk * group + hi
                 h64 = h.to(tl.int64)
                 row0 = q_start.to(tl.int64)
-                q_base = Q + b64 * stride_qb + h64 * stride_qh + row0 * stride_qs
-                do_base = DO + b64 * stride_dob + h64 * stride_doh + row0 * stride_dos
-                dq_base = DQA + b64 * stride_dqb + h64 * stride_dqh + row0 * stride_dqs
-                lse_base = LSE + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls
-                delta_base = DELTA + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls
+                head = (h, b,
+                        Q + b64 * stride_qb + h64 * stride_qh + row0 * stride_qs,
+                        DO + b64 * stride_dob + h64 * stride_doh + row0 * stride_dos,
+                        DQA + b64 * stride_dqb + h64 * stride_dqh + row0 * stride_dqs,
+                        LSE + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls,
+                        DELTA + b64 * stride_lb + h64 * stride_lh + row0 * stride_ls,
+                        stride_qs, stride_dos, stride_dqs, stride_ls)
                 sem_base = SEM + (b64 * heads_q + h64) * num_m_max
-                if MODE == 1:
+                if MODE == ORDERED:   # the schedule's visits, from the tables
                     tq = wrow * t_max_steps
-                    for step in range(seg_begin, seg_end):
-                        m_tile = tl.load(T_QTILE + tq + step)
-                        rank = tl.load(T_RANK + tq + step)
-                        m0 = m_tile * BLOCK_M
-                        if (m0 >= a) & (m0 < z):
-                            dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-                                              q_base, do_base, dq_base, lse_base, delta_base,
-                                              stride_qs, stride_dos, stride_dqs, stride_ls,
-                                              window_left, window_right, scale, scale_log2, softcap, seed,
-                                              drop_threshold, inv_keep, head_dim, sem_base + m_tile, rank,
-                                              ERR, max_polls, MODE, NO_WAIT, DEBUG_WAITS, False, EVEN_D,
-                                              HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
-                        else:
-                            dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-                                              q_base, do_base, dq_base, lse_base, delta_base,
-                                              stride_qs, stride_dos, stride_dqs, stride_ls,
-                                              window_left, window_right, scale, scale_log2, softcap, seed,
-                                              drop_threshold, inv_keep, head_dim, sem_base + m_tile, rank,
-                                              ERR, max_polls, MODE, NO_WAIT, DEBUG_WAITS, True, EVEN_D,
-                                              HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                    dk, dv = _kv_walk(dk, dv, seg_begin, seg_end, a, z, (T_QTILE + tq, T_RANK + tq), sem_base,
+                                      kv, head, shape, score, sync, True, False, MODE, NO_WAIT, DEBUG_WAITS,
+                                      EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
                 else:
                     # Masked top edge (causal diagonal), interior, masked bottom edge (window,
                     # ragged end): ascending Q tiles as one walk over [m_lo, hi_row).
-                    for m0 in range(m_lo, a, BLOCK_M):
-                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-                                          q_base, do_base, dq_base, lse_base, delta_base,
-                                          stride_qs, stride_dos, stride_dqs, stride_ls,
-                                          window_left, window_right, scale, scale_log2, softcap, seed,
-                                          drop_threshold, inv_keep, head_dim, sem_base, 0, ERR, max_polls,
-                                          MODE, NO_WAIT, DEBUG_WAITS, True, EVEN_D,
-                                          HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
-                    for m0 in range(a, z, BLOCK_M):
-                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-                                          q_base, do_base, dq_base, lse_base, delta_base,
-                                          stride_qs, stride_dos, stride_dqs, stride_ls,
-                                          window_left, window_right, scale, scale_log2, softcap, seed,
-                                          drop_threshold, inv_keep, head_dim, sem_base, 0, ERR, max_polls,
-                                          MODE, NO_WAIT, DEBUG_WAITS, False, EVEN_D,
-                                          HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
-                    for m0 in range(z, hi_row, BLOCK_M):
-                        dk, dv = _kv_step(dk, dv, k, v, m0, h, b, seqlen_q, seqlen_k, n0,
-                                          q_base, do_base, dq_base, lse_base, delta_base,
-                                          stride_qs, stride_dos, stride_dqs, stride_ls,
-                                          window_left, window_right, scale, scale_log2, softcap, seed,
-                                          drop_threshold, inv_keep, head_dim, sem_base, 0, ERR, max_polls,
-                                          MODE, NO_WAIT, DEBUG_WAITS, True, EVEN_D,
-                                          HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                    dk, dv = _kv_walk(dk, dv, m_lo, a, a, z, (T_QTILE, T_RANK), sem_base, kv, head, shape,
+                                      score, sync, False, True, MODE, NO_WAIT, DEBUG_WAITS,
+                                      EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                    dk, dv = _kv_walk(dk, dv, a, z, a, z, (T_QTILE, T_RANK), sem_base, kv, head, shape,
+                                      score, sync, False, False, MODE, NO_WAIT, DEBUG_WAITS,
+                                      EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+                    dk, dv = _kv_walk(dk, dv, z, hi_row, a, z, (T_QTILE, T_RANK), sem_base, kv, head, shape,
+                                      score, sync, False, True, MODE, NO_WAIT, DEBUG_WAITS,
+                                      EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
             tl.store(DK + b64 * stride_dkb + hk.to(tl.int64) * stride_dkh + c64 * stride_dks + dims[None, :],
-                     (dk * scale).to(DK.dtype.element_ty), mask=kmsk)
+                     (dk * score[0]).to(DK.dtype.element_ty), mask=kmsk)
             tl.store(DV + b64 * stride_dvb + hk.to(tl.int64) * stride_dvh + c64 * stride_dvs + dims[None, :],
                      dv.to(DV.dtype.element_ty), mask=kmsk)
 
@@ -332,47 +353,50 @@ def _bwd_kv_kernel(
     EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr, SOFTCAP: tl.constexpr,
     DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """The KV-stationary backward (one launch of a launch plan): MODE is one of ATOMIC, ORDERED,
+    SPLIT; the T_* tables (ordered mode) give each worker's KV tiles, Q-tile visits and ranks."""
+    tl.static_assert(MODE == ATOMIC or MODE == ORDERED or MODE == SPLIT)
+    tl.static_assert(MODE == ORDERED or not (PERSISTENT or NO_WAIT or DEBUG_WAITS))   # waits: ordered mode only
+    tl.static_assert((BLOCK_M >= 16) & (BLOCK_N >= 16) & (BLOCK_D >= 16))        # tl.dot's smallest tiles
+    tensors = (Q, K, V, DO, DK, DV, DQA, LSE, DELTA, SEM)
+    strides = (stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+               stride_dob, stride_dos, stride_doh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
+               stride_dvh, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ls)
+    tables = (T_PERM, T_NWORK, T_SEGKV, T_SEGEND, T_QTILE, T_RANK, t_stride_b, t_max_workers, t_max_steps)
+    seqs = (CU_Q, CU_K)
+    shape_dense = (seqlen_q_dense, seqlen_k_dense, head_dim, window_left, window_right)
+    score = (scale, scale_log2, softcap, seed, drop_threshold, inv_keep)
+    sync = (ERR, max_polls)
     if PERSISTENT:
         # Cyclic waits (shift): at most as many programs as the GPU holds at once, each taking
         # work items (slot fastest, then KV head, then sequence) in increasing order, so a
-        # group's members all run at the same time once every earlier item is done (DESIGN.md
-        # rule 5; the proof is in docs/INTERNALS.md). Block dispatch order is then irrelevant.
+        # group's members all run at the same time once every earlier item is done
+        # (docs/DESIGN.md, rule 5 and "The launch plan"). Block dispatch order is then irrelevant.
         heads_kv = heads_q // group
         for item in range(tl.program_id(0), num_items, tl.num_programs(0)):
             _kv_program(item % t_max_workers, (item // t_max_workers) % heads_kv,
-                        item // (t_max_workers * heads_kv) + seq_base,
-                        Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR, T_PERM, T_NWORK, T_SEGKV,
-                        T_SEGEND, T_QTILE, T_RANK, seq_base, seed, drop_threshold, scale, scale_log2,
-                        softcap, inv_keep, window_left, window_right, max_polls, seqlen_q_dense,
-                        seqlen_k_dense, group, head_dim, heads_q, num_m_max, stride_qb, stride_qs, stride_qh,
-                        stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_dob,
-                        stride_dos, stride_doh, stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs,
-                        stride_dvh, stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ls,
-                        t_stride_b, t_max_workers, t_max_steps, MODE, NO_WAIT, DEBUG_WAITS, VARLEN, EVEN_D,
+                        item // (t_max_workers * heads_kv) + seq_base, tensors, strides, tables, seqs, shape_dense,
+                        score, sync, group, heads_q, num_m_max, MODE, NO_WAIT, DEBUG_WAITS, VARLEN, EVEN_D,
                         HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
     else:
         # launches cover at most MAX_GRID_SEQS sequences: axis 2 counts from seq_base
-        _kv_program(tl.program_id(0), tl.program_id(1), tl.program_id(2) + seq_base,
-                    Q, K, V, DO, DK, DV, DQA, LSE, DELTA, CU_Q, CU_K, SEM, ERR, T_PERM, T_NWORK, T_SEGKV,
-                    T_SEGEND, T_QTILE, T_RANK, seq_base, seed, drop_threshold, scale, scale_log2, softcap,
-                    inv_keep, window_left, window_right, max_polls, seqlen_q_dense, seqlen_k_dense, group,
-                    head_dim, heads_q, num_m_max, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks,
-                    stride_kh, stride_vb, stride_vs, stride_vh, stride_dob, stride_dos, stride_doh,
-                    stride_dkb, stride_dks, stride_dkh, stride_dvb, stride_dvs, stride_dvh, stride_dqb,
-                    stride_dqs, stride_dqh, stride_lb, stride_lh, stride_ls, t_stride_b, t_max_workers,
-                    t_max_steps, MODE, NO_WAIT, DEBUG_WAITS, VARLEN, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
-                    DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
+        _kv_program(tl.program_id(0), tl.program_id(1), tl.program_id(2) + seq_base, tensors, strides, tables,
+                    seqs, shape_dense, score, sync, group, heads_q, num_m_max, MODE, NO_WAIT, DEBUG_WAITS, VARLEN,
+                    EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
 
 
 # ---------------------------------------------------------------- split: Q-stationary dQ
 
 @triton.jit
-def _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, n_from, n_to, h, b,
-              seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
-              inv_keep, head_dim,
+def _dq_tiles(acc, q_rows, n_from, n_to, kv_bases, h, b, shape, score,
               MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
               SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dQ of one Q tile over the KV tiles [n_from, n_to); MASKED=False as in the forward."""
+    """dQ of one Q tile over the KV tiles [n_from, n_to); MASKED=False as in the forward.
+    q_rows = (q, do, lse, delta, rows): the Q tile's operands; kv_bases = (k_base, v_base,
+    stride_ks, stride_vs): its KV head in this sequence."""
+    q, do, lse, delta, rows = q_rows
+    k_base, v_base, stride_ks, stride_vs = kv_bases
+    seqlen_k, head_dim = shape[1], shape[2]
     for n0 in range(n_from, n_to, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         k = load_tile(k_base, cols, stride_ks, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
@@ -380,8 +404,7 @@ def _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows
         qk = tl.dot(q, tl.trans(k))
         dp = tl.dot(do, tl.trans(v))
         _, ds = _recompute(qk, dp, lse[:, None], delta[:, None], rows[:, None], cols[None, :], h, b,
-                           seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed,
-                           drop_threshold, inv_keep, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
+                           shape, score, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
         acc += tl.dot(ds.to(q.dtype), k)
     return acc
 
@@ -402,11 +425,16 @@ def _bwd_dq_kernel(
     SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """`split`'s dQ: one program owns one Q tile of one query head and sums its dQ over the KV
+    tiles it sees, on chip, in ascending order: no cross-program reduction."""
+    tl.static_assert((BLOCK_M >= 16) & (BLOCK_N >= 16) & (BLOCK_D >= 16))   # tl.dot's smallest tiles
     pid_m, h, b, q_start, seqlen_q, k_start, seqlen_k = q_tile_program(CU_Q, CU_K, seq_base, seqlen_q_dense,
                                                                        seqlen_k_dense, VARLEN)
     m0 = pid_m * BLOCK_M
     if m0 >= seqlen_q:
         return
+    shape = (seqlen_q, seqlen_k, head_dim, window_left, window_right)
+    score = (scale, scale_log2, softcap, seed, drop_threshold, inv_keep)
     hk = h // group
     b64 = b.to(tl.int64)
     rows = m0 + tl.arange(0, BLOCK_M)
@@ -422,255 +450,21 @@ def _bwd_dq_kernel(
     stat = b64 * stride_lb + h.to(tl.int64) * stride_lh + (q_start + rows).to(tl.int64) * stride_ls
     lse = tl.load(LSE + stat, mask=rmask, other=float("inf"))
     delta = tl.load(DELTA + stat, mask=rmask, other=0.0)
-    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks
-    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs
+    q_rows = (q, do, lse, delta, rows)
+    kv_bases = (K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks,
+                V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs,
+                stride_ks, stride_vs)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     lo, hi = col_range(m0, seqlen_q, seqlen_k, window_left, window_right, BLOCK_M, HAS_WL, HAS_WR)
     n_lo = tl.maximum(lo, 0) // BLOCK_N * BLOCK_N
     a, z = interior_cols(m0, n_lo, hi, seqlen_q, seqlen_k, window_left, window_right,
                          BLOCK_M, BLOCK_N, HAS_WL, HAS_WR)
-    acc = _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, n_lo, a, h, b,
-                    seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
-                    inv_keep, head_dim, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
-    acc = _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, a, z, h, b,
-                    seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
-                    inv_keep, head_dim, False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
-    acc = _dq_tiles(acc, q, do, lse, delta, k_base, v_base, stride_ks, stride_vs, rows, z, hi, h, b,
-                    seqlen_q, seqlen_k, window_left, window_right, scale_log2, softcap, seed, drop_threshold,
-                    inv_keep, head_dim, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, BLOCK_N, BLOCK_D)
+    # Masked edge, interior, masked edge: the plain ascending walk over [n_lo, hi).
+    acc = _dq_tiles(acc, q_rows, n_lo, a, kv_bases, h, b, shape, score, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
+                    DROPOUT, BLOCK_N, BLOCK_D)
+    acc = _dq_tiles(acc, q_rows, a, z, kv_bases, h, b, shape, score, False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
+                    DROPOUT, BLOCK_N, BLOCK_D)
+    acc = _dq_tiles(acc, q_rows, z, hi, kv_bases, h, b, shape, score, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
+                    DROPOUT, BLOCK_N, BLOCK_D)
     tl.store(DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + r64 * stride_dqs + dims[None, :],
              (acc * scale).to(DQ.dtype.element_ty), mask=msk)
-
-
-# ---------------------------------------------------------------- host side
-
-def launch_order(num_workers: int, q_tile: torch.Tensor, rank: torch.Tensor) -> list:
-    """Workers of one sequence in an order that launches every dQ tile's contributors in rank order.
-
-    Edges "rank r of tile m before rank r+1 of tile m"; Kahn's algorithm, lowest worker first.
-    A cyclic schedule (shift) has no such order: the cycle is broken at the lowest worker left,
-    which keeps each group's workers together and groups in rank order.
-    """
-    by_tile = {}
-    for w in range(num_workers):
-        for m, r in zip(q_tile[w].tolist(), rank[w].tolist()):
-            if m >= 0:
-                by_tile.setdefault(m, {})[r] = w
-    succ = [set() for _ in range(num_workers)]
-    indeg = [0] * num_workers
-    for ranks in by_tile.values():
-        for r, w in ranks.items():
-            nxt = ranks.get(r + 1)
-            if nxt is not None and nxt != w and nxt not in succ[w]:
-                succ[w].add(nxt)
-                indeg[nxt] += 1
-    ready = [w for w in range(num_workers) if indeg[w] == 0]
-    heapq.heapify(ready)
-    placed, order = [False] * num_workers, []
-    while len(order) < num_workers:
-        if not ready:   # cycle: take the lowest unplaced worker
-            ready = [min(w for w in range(num_workers) if not placed[w])]
-        w = heapq.heappop(ready)
-        if placed[w]:
-            continue
-        placed[w] = True
-        order.append(w)
-        for n in succ[w]:
-            indeg[n] -= 1
-            if indeg[n] == 0 and not placed[n]:
-                heapq.heappush(ready, n)
-    return order
-
-
-_TABLE_CACHE = {}
-
-
-def _device_tables(schedule, pb, cfg, wl, wr, causal, device):
-    """Schedule tables on the device plus the launch permutation; cached by shape."""
-    from dash_plugin.schedules import kernel_tables   # imported late: the schedule model is optional here
-
-    dense = not pb.varlen
-    lq = [pb.seqlens_q[0]] if dense else list(pb.seqlens_q)
-    lk = [pb.seqlens_k[0]] if dense else list(pb.seqlens_k)
-    key = (schedule, tuple(lq), tuple(lk), cfg.block_m, cfg.block_n, causal, wl, wr, str(device))
-    hit = _TABLE_CACHE.get(key)
-    if hit is not None:
-        return hit
-    t = kernel_tables(schedule, seqlens_q=lq, seqlens_k=lk, block_m=cfg.block_m, block_n=cfg.block_n,
-                      causal=causal, window_left=wl, window_right=wr)
-    nb, w_max = t.seg_kv.shape[0], t.seg_kv.shape[1]
-    perm = torch.zeros((nb, max(w_max, 1)), dtype=torch.int32)
-    for b in range(nb):
-        nw = int(t.num_workers[b])
-        if nw:
-            perm[b, :nw] = torch.tensor(launch_order(nw, t.q_tile[b, :nw], t.rank[b, :nw]), dtype=torch.int32)
-    dev = {name: getattr(t, name).to(device=device, dtype=torch.int32).contiguous()
-           for name in ("num_workers", "seg_kv", "seg_end", "q_tile", "rank")}
-    dev["perm"] = perm.to(device).contiguous()
-    dev["max_steps"] = t.q_tile.shape[2]
-    dev["max_workers"] = w_max
-    dev["group_size"] = int(t.group_size)
-    if len(_TABLE_CACHE) > 256:
-        _TABLE_CACHE.clear()
-    _TABLE_CACHE[key] = dev
-    return dev
-
-
-class StuckWaitError(RuntimeError):
-    """An ordered-schedule wait gave up (DASH_DEBUG_WAITS=1): the rank it waited for never came."""
-
-
-_DEFAULT_POLLS = 1 << 22   # about a second or more of polling on an H100/H200
-
-
-def debug_waits():
-    """(on, max polls) from DASH_DEBUG_WAITS / DASH_DEBUG_WAIT_POLLS; read per call."""
-    raw = os.environ.get("DASH_DEBUG_WAITS", "0").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
-        return False, 0
-    if raw not in ("1", "true", "yes", "on"):
-        raise ValueError(f"DASH_DEBUG_WAITS={raw!r}: use 1 (on) or 0 (off)")
-    polls_raw = os.environ.get("DASH_DEBUG_WAIT_POLLS", str(_DEFAULT_POLLS))
-    try:
-        polls = int(polls_raw)
-    except ValueError:
-        polls = 0
-    if polls < 1:
-        raise ValueError(f"DASH_DEBUG_WAIT_POLLS={polls_raw!r}: must be a positive integer")
-    return True, polls
-
-
-def _raise_if_stuck(err, schedule, group):
-    flag, m_tile, rank, seen, n_tile, h, b = err[:7].tolist()
-    if flag:
-        raise StuckWaitError(
-            f"schedule={schedule!r}: a backward program gave up waiting (DASH_DEBUG_WAITS=1): dQ tile {m_tile} "
-            f"of query head {h}, sequence {b}, waited for rank {rank} but the counter stayed at {seen}; the waiting "
-            f"program owns KV tile {n_tile} of KV head {h // group}. Its dQ adds are incomplete: the gradients "
-            f"of this call are wrong.")
-
-
-def _check_residency(group_size, device):
-    """Cyclic waits need the whole group resident at once (DESIGN.md rule 5): one program per SM."""
-    if interpreting() or group_size <= 1:
-        return
-    sms = _resident_programs(device)
-    if sms < group_size:
-        raise RuntimeError(f"the schedule waits cyclically inside groups of {group_size} programs, but this GPU has "
-                           f"{sms} SMs: pick 'descending' or 'ascending'")
-
-
-def _persistent_cyclic() -> bool:
-    """Cyclic schedules launch a persistent grid (default). DASH_PERSISTENT_CYCLIC=0 launches one
-    program per worker instead, which relies on blocks being dispatched in launch order; kept for
-    comparison (read per call)."""
-    return os.environ.get("DASH_PERSISTENT_CYCLIC", "1") != "0"
-
-
-def _resident_programs(device) -> int:
-    """Programs of the persistent grid: one per SM. Every config in the tile table fits one
-    program per SM, so all of them are resident together; more per SM would have to be proved
-    from the compiled kernel's registers and shared memory, and a wrong guess deadlocks.
-    The interpreter (no waits there) gets 3, so that items wrap around the grid in the CPU tests."""
-    if interpreting():
-        return 3
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def attention_backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                       max_seqlen_k=None, softmax_scale, causal=False, window_left=-1, window_right=-1,
-                       softcap=0.0, dropout_p=0.0, seed=0, schedule="ascending", deterministic=True):
-    """(dq, dk, dv); see docs/INTERNALS.md. ``schedule`` is concrete (never ``auto``)."""
-    _check_common(q, k, v, softmax_scale, causal, window_left, window_right, softcap, dropout_p)
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r}: the Triton backward takes one of {SCHEDULES}")
-    # deterministic=False means "not required": any schedule may run; only atomic with True is refused.
-    if deterministic and schedule == "atomic":
-        raise ValueError("schedule='atomic' is not deterministic, but deterministic=True")
-    if dout.shape != q.shape or out.shape != q.shape:
-        raise ValueError(f"dout {tuple(dout.shape)} and out {tuple(out.shape)} must have q's shape {tuple(q.shape)}")
-    pb = problem(q, k, v, cu_seqlens_q, cu_seqlens_k)
-    dout = dout if dout.stride(-1) == 1 else dout.contiguous()
-    wl, wr = mask_params(causal, window_left, window_right)
-    interp = interpreting()
-    kv_kernel = "split_kv" if schedule == "split" else "ordered"
-    cfg = tile_config.bwd_config(q.dtype, pb.head_dim, interpret=interp, kernel=kv_kernel)
-    block_d = tile_config.padded_head_dim(pb.head_dim)
-    varlen = pb.varlen
-
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    if pb.batch == 0 or pb.max_seqlen_q == 0 or pb.max_seqlen_k == 0:
-        return torch.zeros_like(q), dk.zero_(), dv.zero_()
-
-    delta = torch.empty_like(lse)
-    grid_m = triton.cdiv(pb.max_seqlen_q, cfg.block_m)
-    for base, count in seq_chunks(pb.batch):
-        _bwd_preprocess[(grid_m, pb.heads_q, count)](
-            out, dout, delta, pb.cu_q, base, pb.max_seqlen_q, pb.head_dim,
-            *strides4(out, varlen), *strides4(dout, varlen), *stats_strides(delta, varlen),
-            VARLEN=varlen, BLOCK_M=cfg.block_m, BLOCK_D=block_d)
-
-    common = (seed, dropout_threshold(dropout_p), float(softmax_scale), float(softmax_scale) * LOG2E,
-              float(softcap), 1.0 / (1.0 - float(dropout_p)), wl, wr)
-    flags = dict(VARLEN=varlen, EVEN_D=block_d == pb.head_dim, HAS_WL=wl >= 0, HAS_WR=wr >= 0,
-                 SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0, BLOCK_D=block_d)
-    lse_strides = stats_strides(lse, varlen)
-    assert stats_strides(delta, varlen) == lse_strides
-
-    if schedule == "split":
-        dq = torch.empty_like(q)
-        dqa = dq                      # the KV kernel does not touch it in split mode
-        mode = _MODE["split"]
-    else:
-        # fp32 accumulator, zeroed on the caller's stream for every call.
-        dqa = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        mode = _MODE["atomic"] if schedule == "atomic" else _MODE["ordered"]
-
-    no_wait = persistent = False
-    debug, max_polls = debug_waits() if mode == _MODE["ordered"] else (False, 0)
-    err = torch.zeros(8, device=q.device, dtype=torch.int32) if debug else None
-    if mode == _MODE["ordered"]:
-        tabs = _device_tables(schedule, pb, cfg, wl, wr, causal, q.device)
-        if tabs["group_size"] > 1:
-            _check_residency(tabs["group_size"], q.device)
-            no_wait = interp        # the interpreter cannot run cyclic waits
-            persistent = _persistent_cyclic()
-        # One int32 counter per (sequence, query head, dQ tile), zeroed per call (rule 6).
-        sem = torch.zeros((pb.batch, pb.heads_q, grid_m), device=q.device, dtype=torch.int32)
-        t_args = (tabs["perm"], tabs["num_workers"], tabs["seg_kv"], tabs["seg_end"], tabs["q_tile"], tabs["rank"])
-        t_stride_b = 0 if not varlen else 1
-        grid0 = max(tabs["max_workers"], 1)
-        t_dims = (t_stride_b, max(tabs["max_workers"], 1), tabs["max_steps"])
-    else:
-        sem = placeholder(q.device)   # never read or written outside the ordered mode
-        t_args = (sem,) * 6
-        grid0 = triton.cdiv(pb.max_seqlen_k, cfg.block_n)
-        t_dims = (0, 1, 1)
-
-    # Waits never cross sequences, so each launch of a chunk of sequences is self-contained.
-    for base, count in seq_chunks(pb.batch):
-        num_items = grid0 * pb.heads_kv * count
-        grid = (min(num_items, _resident_programs(q.device)),) if persistent else (grid0, pb.heads_kv, count)
-        _bwd_kv_kernel[grid](
-            q, k, v, dout, dk, dv, dqa, lse, delta, pb.cu_q, pb.cu_k, sem, err if debug else sem, *t_args,
-            base, *common[:-2], wl, wr, max_polls, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
-            pb.heads_q, grid_m,
-            *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
-            *strides4(dk, varlen), *strides4(dv, varlen), *strides4(dqa, varlen), *lse_strides,
-            *t_dims, num_items, PERSISTENT=persistent, MODE=mode, NO_WAIT=no_wait, DEBUG_WAITS=debug, **flags,
-            **cfg.launch_args())
-    if debug:
-        _raise_if_stuck(err, schedule, pb.group)   # a host sync, only in this debug mode
-
-    if schedule == "split":
-        dq_cfg = tile_config.bwd_config(q.dtype, pb.head_dim, interpret=interp, kernel="split_dq")
-        for base, count in seq_chunks(pb.batch):
-            _bwd_dq_kernel[(triton.cdiv(pb.max_seqlen_q, dq_cfg.block_m), pb.heads_q, count)](
-                q, k, v, dout, dq, lse, delta, pb.cu_q, pb.cu_k,
-                base, *common, pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
-                *strides4(q, varlen), *strides4(k, varlen), *strides4(v, varlen), *strides4(dout, varlen),
-                *strides4(dq, varlen), *lse_strides, **flags, **dq_cfg.launch_args())
-        return dq, dk, dv
-    # postprocess: one rounding of the fp32 accumulator to the input dtype.
-    return dqa.to(q.dtype), dk, dv

@@ -1,7 +1,7 @@
 """Philox4x32-10 in plain PyTorch, bit-identical to Triton's ``tl.philox``.
 
 Dropout must draw the same mask in the forward, in the backward and in the CPU reference,
-whatever the schedule (DESIGN.md rule 7). The mask is therefore a pure function of
+whatever the schedule (docs/DESIGN.md, "Determinism rules", rule 7). The mask is therefore a pure function of
 (seed, batch, head, row, col): a counter-based generator, evaluated element by element.
 
 The Triton kernels call ``tl.philox(seed, col, row, head, batch)``; this module computes the

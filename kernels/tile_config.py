@@ -1,4 +1,5 @@
-"""Fixed tile configurations for the Triton attention kernels (DESIGN.md rule 2).
+"""Fixed tile configurations for the Triton attention kernels (docs/DESIGN.md, "Determinism
+rules", rule 2).
 
 No runtime autotuning: two processes on the same GPU model must pick the same tiles, because
 the backward's dQ accumulation order (the schedule's ranks) depends on the tile sizes. The

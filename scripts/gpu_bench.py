@@ -13,10 +13,12 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from dash_plugin.kernels import attn_bwd, attn_fwd
+from dash_plugin import dispatch
+from dash_plugin.schedules import registry
+from dash_plugin.kernels import attn_fwd
 
 B, S, H, D = 2, 8192, 16, 128
-SCHEDULES = ("atomic", "ascending", "spt", "descending", "shift", "split")
+SCHEDULES = registry.names()
 
 
 def tflops(flops, ms):
@@ -71,7 +73,7 @@ def main(path):
             if s == "shift":
                 continue  # last, behind a watchdog
             try:
-                ms = bench(lambda: attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=s,
+                ms = bench(lambda: dispatch.attention_backward(do, q, k, v, out, lse, backend="triton", schedule=s,
                                                                deterministic=s != "atomic", **kw))
                 row(f"dash bwd {s}", bwd_ms=ms)
             except Exception as e:  # report and go on: one failing schedule must not hide the others
@@ -107,7 +109,7 @@ def main(path):
         mask = "causal" if causal else "full"
         kw = dict(softmax_scale=scale, causal=causal)
         out, lse = attn_fwd.attention_forward(q, k, v, **kw)
-        fn = lambda: attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="shift", **kw)  # noqa: E731
+        fn = lambda: dispatch.attention_backward(do, q, k, v, out, lse, backend="triton", schedule="shift", **kw)  # noqa: E731
         t0 = time.time()
         if not finishes(fn):
             print(f"{mask} shift: did not finish within 30 s (hang or stall); stopping", flush=True)

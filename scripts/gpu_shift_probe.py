@@ -23,7 +23,9 @@ def one(case):
     os.environ.setdefault("DASH_DEBUG_WAIT_POLLS", str(1 << 20))
     os.environ["DASH_PERSISTENT_CYCLIC"] = persistent
     import torch
-    from dash_plugin.kernels import attn_bwd, attn_fwd, tile_config
+    from dash_plugin import dispatch
+    from dash_plugin.kernels import attn_fwd, tile_config
+    from dash_plugin.kernels.backends import StuckWaitError
     from dash_plugin.schedules import kernel_tables
     q = torch.randn(int(batch), int(s), int(heads), 128, device="cuda", dtype=torch.bfloat16)
     k, v, do = torch.randn_like(q), torch.randn_like(q), torch.randn_like(q)
@@ -31,13 +33,13 @@ def one(case):
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
 
     def shift():
-        return attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="shift", **kw)
+        return dispatch.attention_backward(do, q, k, v, out, lse, backend="triton", schedule="shift", **kw)
 
     t0 = time.time()
     try:
         got = shift()
         torch.cuda.synchronize()
-    except attn_bwd.StuckWaitError as exc:
+    except StuckWaitError as exc:
         print(f"{case}: STUCK: {exc}", flush=True)
         cfg = tile_config.bwd_config(q.dtype, 128, interpret=False)
         t = kernel_tables("shift", seqlens_q=[int(s)], seqlens_k=[int(s)], block_m=cfg.block_m,
@@ -49,7 +51,7 @@ def one(case):
         return
     first = time.time() - t0
     same = all(all(torch.equal(a, b) for a, b in zip(got, shift())) for _ in range(20))
-    ref = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="split", **kw)
+    ref = dispatch.attention_backward(do, q, k, v, out, lse, backend="triton", schedule="split", **kw)
     err = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip(got, ref))
     print(f"{case}: finished ({first:.2f}s first call), 20 repeats bitwise equal: {same}, "
           f"rel. difference to split {err:.1e}", flush=True)

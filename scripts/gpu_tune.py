@@ -2,7 +2,7 @@
 should kernels/tile_config.py hold? Times each candidate at the points that decide the targets,
 with SDPA cuDNN timed in the same process as the yardstick, and writes JSON to argv[1].
 
-The table itself stays fixed (DESIGN.md rule 2): this only informs what is committed.
+The table itself stays fixed (docs/DESIGN.md, "Determinism rules", rule 2): this only informs what is committed.
 Usage: python scripts/gpu_tune.py OUT.json [fwd|bwd|split|all] [max_minutes] [hdims, default 64,128]
 """
 import json
@@ -13,7 +13,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
-from dash_plugin.kernels import attn_bwd, attn_fwd, tile_config
+from dash_plugin import dispatch
+from dash_plugin.kernels import attn_fwd, tile_config
 
 FWD_CANDIDATES = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 4),
                   (64, 128, 4, 3)]
@@ -65,7 +66,7 @@ def main(path, which="all", max_minutes=8.0, hdims=(64, 128)):
 
     def bwd(base, flops, q, k, v, do, out, lse, kw, sched, extra):
         try:
-            ms = _time(lambda: attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=sched,
+            ms = _time(lambda: dispatch.attention_backward(do, q, k, v, out, lse, backend="triton", schedule=sched,
                                                            deterministic=sched != "atomic", **kw))
             record(dict(base, impl="bwd", schedule=sched, **extra, tflops=2.5 * flops / ms / 1e9))
         except Exception as exc:  # out of shared memory / registers for this row

@@ -7,6 +7,7 @@ Also a small command line for the child processes the GPU tests start (run from 
     python -m tests.hardening_helpers hashes SPEC_JSON [DEVICE]   # sha256 of out/dq/dk/dv per (case, schedule)
 """
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -232,16 +233,16 @@ def hashes_in_fresh_process(pairs, device="cuda", timeout=600):
 
 # ---------------------------------------------------------------- stuck-wait injection
 
-def stuck_rank_tables(tabs, row=None, bump=1000):
-    """A copy of `attn_bwd._device_tables`'s dict in which one wait can never be satisfied.
+def stuck_rank_plan(plan, row=None, bump=1000):
+    """A copy of a launch plan (dash_plugin/schedules/plan.py) in which one wait can never be satisfied.
 
-    In sequence row `row` (default: the one with the most steps) take the dQ tile with the most
+    In table row `row` (default: the one with the most steps) take the dQ tile with the most
     contributors and raise the rank of its LAST contributor by `bump`: the counter of that tile stops at
     that rank, so this is the only wait that fails (nobody waits after the last contributor), whatever
-    the debug option does after giving up. The cached tables are not touched.
-    Returns (tables, facts about the injected wait)."""
-    q_tile, rank = tabs["q_tile"].cpu(), tabs["rank"].cpu()
-    seg_kv, seg_end = tabs["seg_kv"].cpu(), tabs["seg_end"].cpu()
+    the debug option does after giving up. The cached plan is not touched.
+    Returns (plan, facts about the injected wait)."""
+    tables = plan.tables
+    q_tile, rank, seg_kv, seg_end = tables.q_tile, tables.rank, tables.seg_kv, tables.seg_end
     if row is None:
         row = int((q_tile >= 0).flatten(1).sum(1).argmax())
     tiles = q_tile[row]
@@ -253,29 +254,31 @@ def stuck_rank_tables(tabs, row=None, bump=1000):
     last = int(rank[row][tiles == m].max())
     w, s = [int(i) for i in ((tiles == m) & (rank[row] == last)).nonzero()[0]]
     seg = 0 if s < int(seg_end[row, w, 0]) else 1
-    new_rank = tabs["rank"].clone()
+    new_rank = rank.clone()
     new_rank[row, w, s] += bump
-    out = dict(tabs)
-    out["rank"] = new_rank
+    broken = dataclasses.replace(plan, tables=dataclasses.replace(tables, rank=new_rank))
     info = dict(row=row, worker=w, step=s, q_tile=m, kv_tile=int(seg_kv[row, w, seg]), rank=last,
                 waited_for=last + bump, contributors=int(counts[m]))
-    return out, info
+    return broken, info
 
 
-def inject_stuck_wait(monkeypatch, attn_bwd, polls):
-    """Turn on DASH_DEBUG_WAITS with `polls` polls and make every backward's tables carry one wait that
-    can never be satisfied (`stuck_rank_tables`). Returns the dict that receives the injected wait's facts."""
+def inject_stuck_wait(monkeypatch, polls):
+    """Turn on DASH_DEBUG_WAITS with `polls` polls and make every backward's launch plan carry one wait that
+    can never be satisfied (`stuck_rank_plan`). Returns the dict that receives the injected wait's facts;
+    `monkeypatch.setattr(plan, "launch_plan", <the saved original>)` ends the injection."""
+    from dash_plugin.schedules import plan as launch_plans
+
     monkeypatch.setenv("DASH_DEBUG_WAITS", "1")
     monkeypatch.setenv("DASH_DEBUG_WAIT_POLLS", str(polls))
-    real = attn_bwd._device_tables
+    real = launch_plans.launch_plan
     injected = {}
 
     def with_stuck_wait(*args, **kwargs):
-        tabs, info = stuck_rank_tables(real(*args, **kwargs))
+        broken, info = stuck_rank_plan(real(*args, **kwargs))
         injected.update(info)
-        return tabs
+        return broken
 
-    monkeypatch.setattr(attn_bwd, "_device_tables", with_stuck_wait)
+    monkeypatch.setattr(launch_plans, "launch_plan", with_stuck_wait)
     return injected
 
 

@@ -23,7 +23,14 @@ if os.environ.get("TRITON_INTERPRET") != "1":
                     allow_module_level=True)
     raise RuntimeError("TRITON_INTERPRET=1 must be set before triton is imported (tests/conftest.py does it)")
 
-from dash_plugin.kernels import attn_bwd, attn_fwd, reference  # noqa: E402
+from dash_plugin import dispatch  # noqa: E402
+from dash_plugin.kernels import attn_fwd, reference  # noqa: E402
+from dash_plugin.kernels.backends import StuckWaitError  # noqa: E402
+from dash_plugin.schedules import plan as launch_plans  # noqa: E402
+
+
+def triton_backward(*args, **kw):
+    return dispatch.attention_backward(*args, backend="triton", **kw)
 
 POLLS = "50"
 
@@ -50,17 +57,15 @@ def _problem(layout):
 
 @pytest.mark.parametrize("schedule, layout", CASES, ids=[f"{s}-{l}" for s, l in CASES])
 def test_stuck_wait_raises_with_tile_and_rank(monkeypatch, schedule, layout):
-    assert hasattr(attn_bwd, "StuckWaitError"), \
-        "kernels/attn_bwd.py has no StuckWaitError: the DASH_DEBUG_WAITS option has not landed"
-    assert issubclass(attn_bwd.StuckWaitError, RuntimeError)
+    assert issubclass(StuckWaitError, RuntimeError)
     q, k, v, do, kw = _problem(layout)
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
-    plain = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+    plain = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
 
-    real = attn_bwd._device_tables
-    injected = inject_stuck_wait(monkeypatch, attn_bwd, POLLS)
-    with pytest.raises(attn_bwd.StuckWaitError) as err:
-        attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+    real = launch_plans.launch_plan
+    injected = inject_stuck_wait(monkeypatch, POLLS)
+    with pytest.raises(StuckWaitError) as err:
+        triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
     message = str(err.value)
     print(f"[stuck] {schedule}: injected {injected}; raised: {message}")
     assert injected["contributors"] >= 2, "the broken wait must follow other adds to the same tile"
@@ -69,8 +74,8 @@ def test_stuck_wait_raises_with_tile_and_rank(monkeypatch, schedule, layout):
         assert injected["row"] == 1
 
     # Without the injection the debug waits are satisfied, and the bits are those of a plain call.
-    monkeypatch.setattr(attn_bwd, "_device_tables", real)
-    again = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+    monkeypatch.setattr(launch_plans, "launch_plan", real)
+    again = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
     assert all(bitwise_equal(a, b) for a, b in zip(plain, again)), "debug waits changed the result"
     d64 = [t.double() for t in (q, k, v, do)]
     o64, lse64 = reference.attention_forward(*d64[:3], **kw)

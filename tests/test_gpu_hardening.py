@@ -31,10 +31,19 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    from dash_plugin.kernels import attn_bwd, attn_fwd, reference
+    from dash_plugin.kernels import attn_fwd, reference
+
+from dash_plugin import dispatch  # noqa: E402
+from dash_plugin.kernels.backends import StuckWaitError  # noqa: E402
+from dash_plugin.schedules import plan as launch_plans  # noqa: E402
+from dash_plugin.schedules import registry  # noqa: E402
+
+
+def triton_backward(*args, **kw):
+    return dispatch.attention_backward(*args, backend="triton", **kw)
 
 N_PASSES = 1000   # backward passes compared bit for bit per determinism case
-DETERMINISTIC = ("ascending", "spt", "descending", "shift", "split")
+DETERMINISTIC = registry.names(deterministic=True)
 TOL = 2.5e-2      # bf16 relative error (Frobenius) against a float32 computation
 
 
@@ -46,7 +55,7 @@ def rel(a, b):
 
 def forward_backward(q, k, v, do, kw, schedule):
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
-    return out, lse, attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+    return out, lse, triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
 
 
 # ---------------------------------------------------------------- 1. determinism under another process's load
@@ -67,7 +76,7 @@ def loaded_gpu():
             out, lse = attn_fwd.attention_forward(q, k, v, **kw)
             problems[case] = dict(q=q, k=k, v=v, do=do, out=out, lse=lse, kw=kw, unloaded={})
         p = problems[case]
-        p["unloaded"][schedule] = attn_bwd.attention_backward(p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"],
+        p["unloaded"][schedule] = triton_backward(p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"],
                                                               schedule=schedule, **p["kw"])
     torch.cuda.synchronize()
     proc = LoadProcess()
@@ -87,7 +96,7 @@ class TestDeterminismUnderLoadFromAnotherProcess:
         p = problems[case]
 
         def run():
-            return attn_bwd.attention_backward(p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"],
+            return triton_backward(p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"],
                                                schedule=schedule, **p["kw"])
 
         assert load.alive(), f"load process died: {load.stderr()}"
@@ -101,7 +110,7 @@ class TestDeterminismUnderLoadFromAnotherProcess:
 
 # ---------------------------------------------------------------- 2. same bits in a fresh process
 
-FRESH_PAIRS = [("gqa4_causal", s) for s in ("split", "descending", "ascending", "spt", "shift")] + \
+FRESH_PAIRS = [("gqa4_causal", s) for s in DETERMINISTIC] + \
     [("gqa4_full", "shift"), ("varlen_causal", "split"), ("varlen_causal", "descending"), ("window256", "split")]
 
 
@@ -118,26 +127,24 @@ def test_fresh_process_gives_the_same_bits():
 # ---------------------------------------------------------------- 3. deadlock safety
 
 def test_stuck_wait_raises_with_tile_and_rank(monkeypatch):
-    assert hasattr(attn_bwd, "StuckWaitError"), \
-        "kernels/attn_bwd.py has no StuckWaitError: the DASH_DEBUG_WAITS option has not landed"
-    assert issubclass(attn_bwd.StuckWaitError, RuntimeError)
+    assert issubclass(StuckWaitError, RuntimeError)
     q, k, v, do = dense_inputs((1, 512, 512, 2, 1, 64), torch.bfloat16, "cuda", seed=7)
     kw = dict(softmax_scale=64 ** -0.5, causal=True)
     out, lse, plain = forward_backward(q, k, v, do, kw, "ascending")
 
-    real = attn_bwd._device_tables
-    injected = inject_stuck_wait(monkeypatch, attn_bwd, "100000")
-    with hang_guard(120), pytest.raises(attn_bwd.StuckWaitError) as err:
-        attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="ascending", **kw)
+    real = launch_plans.launch_plan
+    injected = inject_stuck_wait(monkeypatch, "100000")
+    with hang_guard(120), pytest.raises(StuckWaitError) as err:
+        triton_backward(do, q, k, v, out, lse, schedule="ascending", **kw)
         torch.cuda.synchronize()
     message = str(err.value)
     record(f"[stuck] injected {injected}; raised: {message}", test="stuck_wait_gpu", injected=injected,
            message=message)
     check_stuck_message(message, injected)
 
-    monkeypatch.setattr(attn_bwd, "_device_tables", real)
+    monkeypatch.setattr(launch_plans, "launch_plan", real)
     with hang_guard(120):
-        again = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="ascending", **kw)
+        again = triton_backward(do, q, k, v, out, lse, schedule="ascending", **kw)
         torch.cuda.synchronize()
     assert all(bitwise_equal(a, b) for a, b in zip(plain, again)), "debug waits changed the bits"
 
@@ -171,7 +178,7 @@ def test_ordered_schedules_finish_while_another_kernel_occupies_sms(monkeypatch,
                 side_done.record(side)
             # checked just before the backward is enqueued (with debug waits it syncs its own stream)
             busy_at_launch += not side_done.query()
-            loaded = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+            loaded = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
             torch.cuda.synchronize()
             assert all(bitwise_equal(x, y) for x, y in zip(alone, loaded)), f"{schedule}: bits changed under load"
     record(f"[occupied] {schedule} causal={causal}: {reps} passes finished, 0 mismatching, side stream busy "
@@ -232,7 +239,7 @@ def test_grids_beyond_2_pow_15_programs():
     g32 = reference.attention_backward(do, q, k, v, o32, lse32, **kw, block_q=1024)
     errs = {"out": rel(out, o32)}
     for schedule in ("split", "descending"):
-        grads = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+        grads = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
         for n, x, y in zip(("dq", "dk", "dv"), grads, g32):
             errs[f"{schedule}/{n}"] = rel(x, y)
             # the last sequence's programs have the highest ids: a dropped program shows here first
@@ -275,7 +282,7 @@ def test_varlen_batch_beyond_65535_sequences():
         out, lse = attn_fwd.attention_forward(q, k, v, **kw)
         errs["out"] = rel(out, o32)
         for schedule in ("split", "descending"):
-            grads = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+            grads = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
             errs.update({f"{schedule}/{n}": rel(x, y) for n, x, y in zip(("dq", "dk", "dv"), grads,
                                                                          (dq32, dk32, dv32))})
         torch.cuda.synchronize()
@@ -295,7 +302,7 @@ def test_head_dim_256_bitwise_over_many_passes(schedule):
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
     with hang_guard(300):
         bad = count_mismatching_passes(
-            lambda: attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw), N_PASSES)
+            lambda: triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw), N_PASSES)
     record(f"[hdim256] {schedule}: {N_PASSES} passes, {bad} mismatching", test="hdim256", schedule=schedule,
            passes=N_PASSES, mismatching=bad)
     assert bad == 0

@@ -16,10 +16,17 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    from dash_plugin.kernels import attn_bwd, attn_fwd, reference
+    from dash_plugin.kernels import attn_fwd, reference
 
-SCHEDULES = ("atomic", "ascending", "spt", "descending", "shift", "split")
-DETERMINISTIC = ("ascending", "spt", "descending", "shift", "split")
+from dash_plugin import dispatch  # noqa: E402
+from dash_plugin.schedules import registry  # noqa: E402
+
+SCHEDULES = registry.names()
+DETERMINISTIC = registry.names(deterministic=True)
+
+
+def triton_backward(*args, **kw):
+    return dispatch.attention_backward(*args, backend="triton", **kw)
 N_DETERMINISM = int(os.environ.get("DASH_DETERMINISM_PASSES", "1000"))
 
 # name -> (dense shape (B, Sq, Sk, Hq, Hkv, D), keywords); varlen handled apart
@@ -88,7 +95,7 @@ def test_every_feature_every_schedule_matches_float64_reference(feature, dtype):
     assert torch.equal(torch.isinf(lse.cpu()), ~fin)
     assert (lse.cpu().double()[fin] - lse64[fin]).abs().max() < 1e-2
     for schedule in SCHEDULES:
-        grads = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule,
+        grads = triton_backward(do, q, k, v, out, lse, schedule=schedule,
                                             deterministic=schedule != "atomic", **kw)
         for name, gk, gr in zip("dq dk dv".split(), grads, g64):
             err = rel(gk, gr)
@@ -109,13 +116,13 @@ def test_deterministic_schedules_bitwise_over_many_passes_with_busy_side_stream(
     q, k, v, do = make((2, 1024, 1024, 8, 4, 128), torch.bfloat16, seed=11)
     kw = dict(softmax_scale=128 ** -0.5, causal=causal)
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
-    first = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+    first = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
     side = torch.cuda.Stream()
     mismatches = 0
     for i in range(N_DETERMINISM):
         if i % 50 == 0:
             _side_stream_matmuls(side)
-        again = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+        again = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
         mismatches += sum(not torch.equal(a, b) for a, b in zip(first, again))
     torch.cuda.synchronize()
     print(f"[determinism] {schedule} causal={causal}: {N_DETERMINISM} passes, {mismatches} mismatching tensors")
@@ -127,10 +134,10 @@ def test_atomic_is_not_bitwise_reproducible():
     q, k, v, do = make((2, 2048, 2048, 8, 8, 128), torch.bfloat16, seed=5)
     kw = dict(softmax_scale=128 ** -0.5)
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
-    first = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="atomic", deterministic=False, **kw)[0]
+    first = triton_backward(do, q, k, v, out, lse, schedule="atomic", deterministic=False, **kw)[0]
     differing = 0
     for _ in range(50):
-        dq = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="atomic", deterministic=False, **kw)[0]
+        dq = triton_backward(do, q, k, v, out, lse, schedule="atomic", deterministic=False, **kw)[0]
         differing += not torch.equal(dq, first)
     print(f"[determinism] atomic: {differing}/50 passes differ from the first")
     assert differing > 0
@@ -141,9 +148,9 @@ def test_schedules_agree_with_each_other():
     for causal in (True, False):
         kw = dict(softmax_scale=128 ** -0.5, causal=causal)
         out, lse = attn_fwd.attention_forward(q, k, v, **kw)
-        base = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="ascending", **kw)
-        for s in SCHEDULES[2:]:
-            other = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=s, **kw)
+        base = triton_backward(do, q, k, v, out, lse, schedule="ascending", **kw)
+        for s in DETERMINISTIC:
+            other = triton_backward(do, q, k, v, out, lse, schedule=s, **kw)
             for a, b in zip(base, other):
                 assert rel(b, a.double().cpu()) < 1e-2
 
@@ -179,13 +186,13 @@ def test_two_streams_and_cuda_graph_replay_give_plain_bits():
     kw = dict(softmax_scale=128 ** -0.5, causal=True)
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
     for schedule in ("ascending", "shift"):
-        plain = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+        plain = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
         s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
         torch.cuda.synchronize()
         with torch.cuda.stream(s1):
-            r1 = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+            r1 = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
         with torch.cuda.stream(s2):
-            r2 = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+            r2 = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
         torch.cuda.synchronize()
         for a, b, c in zip(plain, r1, r2):
             assert torch.equal(a, b) and torch.equal(a, c)
@@ -193,9 +200,9 @@ def test_two_streams_and_cuda_graph_replay_give_plain_bits():
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)  # warm-up/tables
+            triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)  # warm-up/tables
             with torch.cuda.graph(graph):
-                captured = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+                captured = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
         torch.cuda.current_stream().wait_stream(s)
         for _ in range(3):
             graph.replay()
@@ -256,7 +263,7 @@ def test_int64_offsets_beyond_2_pow_31_elements():
               causal=True)
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
     do = torch.randn_like(q)
-    dq, dk, dv = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="split", **kw)
+    dq, dk, dv = triton_backward(do, q, k, v, out, lse, schedule="split", **kw)
     last = slice(t - s, t)   # the last sequence lives past 2**31 elements
     o64, lse64, g64 = ref64(q[last].unsqueeze(0), k[last].unsqueeze(0), v[last].unsqueeze(0),
                             do[last].unsqueeze(0), softmax_scale=d ** -0.5, causal=True)

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from dash_plugin.schedules import registry
 from dash_plugin.schedules.cli import main
 
 SMALL = ["--seqlen", "512", "--block-m", "64", "--block-n", "64", "--heads", "8", "--sms", "8"]
@@ -14,8 +15,7 @@ def _table(text):
     rows = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) >= 4 and parts[0] in ("ascending", "spt", "descending", "shift", "split",
-                                            "atomic") and parts[2].endswith("x"):
+        if len(parts) >= 4 and parts[0] in registry.names() and parts[2].endswith("x"):
             rows[parts[0]] = (float(parts[1]), float(parts[2][:-1]), float(parts[3][:-1]))
     return rows
 

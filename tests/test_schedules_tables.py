@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from dash_plugin.schedules import KernelTables, build_schedule, kernel_tables
-from dash_plugin.schedules.validity import check_schedule
+from dash_plugin.schedules import KernelTables, build_schedule, kernel_tables, registry
+from dash_plugin.schedules.validity import validate_schedule
 
 
 def _kw(**over):
@@ -18,7 +18,7 @@ def test_full_shift_4x4_matches_notes():
                                      causal=False))
     assert t.num_workers.tolist() == [4]
     assert t.q_tile[0].tolist() == [[0, 1, 2, 3], [1, 2, 3, 0], [2, 3, 0, 1], [3, 0, 1, 2]]
-    # dQ0 addition order kv0, kv3, kv2, kv1 (dash-schedules.md 4.3): rank of kv1/kv2/kv3 at q0
+    # dQ0 addition order kv0, kv3, kv2, kv1 (the DASH paper's 4x4 cyclic shift): rank of kv1/kv2/kv3 at q0
     ranks_q0 = {w: t.rank[0, w][t.q_tile[0, w] == 0].item() for w in range(4)}
     assert ranks_q0 == {0: 0, 1: 3, 2: 2, 3: 1}
     assert t.num_contrib.tolist() == [[4, 4, 4, 4]]
@@ -43,13 +43,13 @@ def test_causal_symmetric_shift_n8_matches_notes():
     assert got == {0: 1, 1: 0, 2: 3, 3: 2, 4: 4}
 
 
-@pytest.mark.parametrize("schedule", ["ascending", "spt", "descending", "shift"])
+@pytest.mark.parametrize("schedule", [s.name for s in registry.specs() if s.ordered])
 def test_tables_equal_builder(schedule):
     kw = _kw(seqlens_q=[300, 0, 513, 128], seqlens_k=[300, 77, 700, 128], block_m=64,
              block_n=128, causal=False, window_left=100, window_right=20)
     t = kernel_tables(schedule, **kw)
     sched = build_schedule(schedule, **kw)
-    check_schedule(sched)
+    validate_schedule(sched)
     assert isinstance(t, KernelTables)
     for x in (t.num_workers, t.seg_kv, t.seg_end, t.q_tile, t.rank, t.num_contrib):
         assert x.dtype == torch.int32 and x.device.type == "cpu"

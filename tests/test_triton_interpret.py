@@ -22,11 +22,18 @@ if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("GPU machine: the compiled kernels are tested by test_gpu_kernels.py", allow_module_level=True)
     raise RuntimeError("TRITON_INTERPRET=1 must be set before triton is imported (tests/conftest.py does it)")
 
-from dash_plugin.kernels import attn_bwd, attn_fwd, reference  # noqa: E402
+from dash_plugin import dispatch  # noqa: E402
+from dash_plugin.kernels import attn_fwd, reference  # noqa: E402
+from dash_plugin.kernels.triton_backend import BACKEND as TRITON  # noqa: E402
+from dash_plugin.schedules import registry  # noqa: E402
 
 assert type(attn_fwd._fwd_kernel).__name__.startswith("Interpreted"), "triton was imported before TRITON_INTERPRET=1"
 
-SCHEDULES = ("atomic", "ascending", "spt", "descending", "shift", "split")
+SCHEDULES = registry.names()
+
+
+def triton_backward(*args, **kw):
+    return dispatch.attention_backward(*args, backend="triton", **kw)
 
 # name -> ((B, Sq, Sk, Hq, Hkv, D), keywords, schedules to run)
 CASES = {
@@ -75,7 +82,7 @@ def _check(q, k, v, do, kw, schedules, dtype):
     assert torch.all(out[~fin.transpose(-1, -2)] == 0) if not fin.all() else True
     g64 = reference.attention_backward(d64[3], *d64[:3], o64, lse64, **kw)
     for schedule in schedules:
-        grads = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=schedule,
+        grads = triton_backward(do, q, k, v, out, lse, schedule=schedule,
                                             deterministic=schedule != "atomic", **kw)
         for name, a, b in zip(("dq", "dk", "dv"), grads, g64):
             assert a.dtype == q.dtype and a.shape == b.shape
@@ -129,7 +136,7 @@ def test_batches_beyond_the_grid_limit_launch_in_chunks(monkeypatch, varlen):
 
     def run():
         out, lse = attn_fwd.attention_forward(q, k, v, **kw)
-        grads = [attn_bwd.attention_backward(do, q, k, v, out, lse, schedule=s, **kw)
+        grads = [triton_backward(do, q, k, v, out, lse, schedule=s, **kw)
                  for s in ("split", "ascending", "descending")]
         return [out, lse] + [t for g3 in grads for t in g3]
 
@@ -160,20 +167,9 @@ def test_ordered_schedules_give_identical_bits_in_the_interpreter_runs():
     q, k, v, do = _inputs((1, 64, 64, 2, 1, 32), torch.float32)
     kw = dict(softmax_scale=0.17, causal=True)
     out, lse = attn_fwd.attention_forward(q, k, v, **kw)
-    a = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="descending", **kw)
-    b = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="descending", **kw)
+    a = triton_backward(do, q, k, v, out, lse, schedule="descending", **kw)
+    b = triton_backward(do, q, k, v, out, lse, schedule="descending", **kw)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
-
-
-def test_launch_order_puts_contributors_in_rank_order():
-    # tile 0: worker 2 (rank 0) then worker 0 (rank 1); tile 1: worker 1 (rank 0) then worker 2 (rank 1)
-    q_tile = torch.tensor([[0], [1], [0]])
-    rank = torch.tensor([[1], [0], [0]])
-    order = attn_bwd.launch_order(3, q_tile, rank)
-    assert order.index(2) < order.index(0)
-    q_tile = torch.tensor([[0, 1], [1, 0]])
-    rank = torch.tensor([[0, 1], [0, 1]])   # cyclic: 0 waits on 1 for tile 1, 1 on 0 for tile 0
-    assert sorted(attn_bwd.launch_order(2, q_tile, rank)) == [0, 1]
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -188,7 +184,7 @@ def test_bad_arguments_are_named(kwargs, match):
     q, k, v, do = _inputs((1, 16, 16, 1, 1, 32), torch.float32)
     base = dict(softmax_scale=0.2)
     with pytest.raises(ValueError, match=match):
-        attn_bwd.attention_backward(do, q, k, v, q, torch.zeros(1, 1, 16), **dict(base, **kwargs))
+        triton_backward(do, q, k, v, q, torch.zeros(1, 1, 16), **dict(base, **kwargs))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -204,8 +200,8 @@ def test_persistent_grid_computes_what_one_program_per_worker_computes(monkeypat
     runs = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("DASH_PERSISTENT_CYCLIC", flag)
-        runs[flag] = attn_bwd.attention_backward(do, q, k, v, out, lse, schedule="shift", **kw)
-    assert attn_bwd._resident_programs(q.device) == 3
+        runs[flag] = triton_backward(do, q, k, v, out, lse, schedule="shift", **kw)
+    assert TRITON.device_props(q.device).resident_programs == 3
     assert torch.equal(runs["1"][1], runs["0"][1]) and torch.equal(runs["1"][2], runs["0"][2])
     g64 = reference.attention_backward(*(t.double() for t in (do, q, k, v, out)), lse.double(), **kw)
     for a, b in zip(runs["1"], g64):

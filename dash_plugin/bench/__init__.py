@@ -1,4 +1,4 @@
-"""dash-bench: the benchmark harness of ANCHORS.md.
+"""dash-bench: the benchmark harness (the protocol: docs/benchmarks/README.md).
 
 Modules: ``protocol`` (shapes, FLOPs), ``peers`` (the implementations), ``runner`` (timing,
 determinism and memory per cell), ``report`` (JSON, markdown, PNG, target verdicts),

@@ -33,10 +33,12 @@ import os
 import pprint
 from typing import Optional
 
+from dash_plugin.schedules import registry
+
 from .report import index_cells, ok_value
 
 FORMAT = "dash-auto-table/1"
-from dash_plugin.config import DETERMINISTIC_SCHEDULES as CANDIDATES  # what auto may return
+CANDIDATES = registry.names(deterministic=True)   # what auto may return
 STRUCTURAL_KEYS = ("equal_lengths", "varlen")   # shapes the benchmark does not measure
 
 

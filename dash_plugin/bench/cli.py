@@ -1,4 +1,5 @@
-"""``dash-bench`` (also ``python -m dash_plugin.bench``): run the ANCHORS protocol and write
+"""``dash-bench`` (also ``python -m dash_plugin.bench``): run the benchmark protocol
+(docs/benchmarks/README.md) and write
 results.json, results.md and results.png; optionally derive the ``auto`` schedule table.
 
     dash-bench --quick --out docs/benchmarks/quick          # a few points, under 3 minutes on an H100/H200

@@ -16,11 +16,14 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from dash_plugin.schedules import registry
+
 from .protocol import Point
 
-DASH_SCHEDULES = ("auto", "ascending", "spt", "descending", "shift", "split", "atomic")
+# Ours: auto, then every registered schedule, the deterministic ones first.
+DASH_SCHEDULES = (registry.AUTO,) + registry.names(deterministic=True) + registry.names(deterministic=False)
 # The schedules the auto rule may choose from: every deterministic one ("auto" itself excluded).
-DETERMINISTIC_SCHEDULES = ("ascending", "spt", "descending", "shift", "split")
+DETERMINISTIC_SCHEDULES = registry.names(deterministic=True)
 
 
 @dataclass
@@ -85,7 +88,7 @@ def _dash_probe() -> Optional[str]:
 
 
 def _dash_build(schedule: str):
-    deterministic = schedule != "atomic"
+    deterministic = schedule == registry.AUTO or registry.get(schedule).deterministic
 
     def build(point: Point, device: torch.device):
         from dash_plugin import flash_attention
@@ -99,18 +102,14 @@ def _dash_build(schedule: str):
 
 def _dash_call_info(q: torch.Tensor) -> dict:
     """What our last call really ran: the concrete schedule (what ``auto`` chose) and the kernel
-    (Triton, or the plain-PyTorch reference, which would make a GPU figure meaningless)."""
+    backend (Triton, or the plain-PyTorch reference, which would make a GPU figure meaningless)."""
     info = {}
     try:
         from dash_plugin.config import last_resolved
         resolved = last_resolved()
         if resolved is not None:
             info["schedule_resolved"] = resolved.concrete_schedule or resolved.schedule
-    except Exception:
-        pass
-    try:
-        from dash_plugin import ops
-        info["kernel"] = ops.kernel_path(q)
+            info["kernel"] = resolved.concrete_backend or resolved.backend
     except Exception:
         pass
     return info
@@ -119,7 +118,7 @@ def _dash_call_info(q: torch.Tensor) -> dict:
 def _dash_impls() -> list[Impl]:
     impls = []
     for schedule in DASH_SCHEDULES:
-        det = schedule != "atomic"
+        det = schedule == registry.AUTO or registry.get(schedule).deterministic
         what = ("forward + atomic (non-deterministic) backward" if not det
                 else f"forward + deterministic backward, schedule '{schedule}'")
         impls.append(Impl(name=f"dash-{schedule}", family="dash", description=f"dash_plugin {what}",

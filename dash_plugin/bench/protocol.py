@@ -1,4 +1,4 @@
-"""The measurement protocol of ANCHORS.md: which shapes, and how many FLOPs each one does.
+"""The measurement protocol (docs/benchmarks/README.md): which shapes, and how many FLOPs each one does.
 
 Every point has 16k tokens (batch * seqlen = 16384) and model dim 2048, so the number of query
 heads is 2048 / hdim. FLOPs count the two matrix products of the forward (QK^T and PV) over the

@@ -2,14 +2,13 @@
 
 The rule is data (auto_table.py, a plain list of rules): the same shape always gives the
 same schedule on every machine and run, so `auto` never breaks bit-reproducibility. No timing is
-taken at run time (DESIGN.md rule 2).
+taken at run time (docs/DESIGN.md, "Determinism rules", rule 2).
 """
 from __future__ import annotations
 
 from functools import lru_cache
 
-from . import auto_table
-from ..config import DETERMINISTIC_SCHEDULES
+from . import auto_table, registry
 
 _KEYS = {"mask", "head_dim_max", "seqlen_max", "equal_lengths", "varlen", "schedule", "source"}
 
@@ -23,9 +22,10 @@ def load_rules() -> tuple[dict, ...]:
             raise ValueError(f"auto_table.py rule {k}: unknown keys {sorted(unknown)}")
         if rule.get("mask") not in ("full", "causal", "window"):
             raise ValueError(f"auto_table.py rule {k}: mask must be full, causal or window")
-        if rule.get("schedule") not in DETERMINISTIC_SCHEDULES:
+        allowed = registry.names(deterministic=True)
+        if rule.get("schedule") not in allowed:
             raise ValueError(f"auto_table.py rule {k}: schedule must be one of "
-                             f"{', '.join(DETERMINISTIC_SCHEDULES)}, got {rule.get('schedule')!r}")
+                             f"{', '.join(allowed)}, got {rule.get('schedule')!r}")
     if not any(set(r) <= {"mask", "schedule", "source"} for r in rules if r["mask"] == "full") or \
             not any(set(r) <= {"mask", "schedule", "source"} for r in rules if r["mask"] == "causal"):
         raise ValueError("auto_table.py needs a catch-all rule for full and for causal masks")

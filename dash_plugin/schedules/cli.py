@@ -1,5 +1,9 @@
 """`dash-schedule`: makespan table of the schedules for one shape, and Gantt pictures.
 
+By default it draws each schedule's launch plan, as the kernel runs it (its launch order, and
+its persistent grid where it has one); --assignment, --launch or --group-size switch to the
+model with those choices instead.
+
 Example:
     dash-schedule --seqlen 8192 --hdim 128 --causal --schedules ascending,descending,shift --png out/
 """
@@ -9,11 +13,18 @@ import argparse
 import os
 import sys
 
-from .builders import ALL_SCHEDULES, build_schedule
-from .simulate import simulate
+from types import SimpleNamespace
 
-# FA3 sm90 backward tiles (block_m, block_n) per head dim, causal / full (dash-schedules.md 6).
-# Only a default for the model; pass --block-m/--block-n for other kernels.
+from dash_plugin.kernels.backends import DeviceProps
+
+from . import registry
+from .plan import AttentionShape, ResidencyError, launch_plan
+from .schedule import build_schedule
+from .simulate import simulate, simulate_plan
+
+# FA3's sm90 backward tiles (block_m, block_n) per head dim, causal / full (flash-attention's
+# hopper/flash_bwd_launch_template.h). Only a default for the model; pass --block-m/--block-n
+# for other kernels.
 FA3_TILES = {64: ((128, 128), (128, 128)), 96: ((64, 128), (64, 128)),
              128: ((64, 128), (80, 128)), 192: ((64, 96), (64, 96)), 256: ((64, 80), (64, 80))}
 
@@ -53,26 +64,28 @@ def parse_args(argv):
     p.add_argument("--block-n", type=int, default=None)
     p.add_argument("--group-size", type=int, default=None, help="G (default: rule in README)")
     p.add_argument("--sms", type=int, default=132, help="SMs in the model (default 132)")
-    p.add_argument("--assignment", default="dynamic", help="dynamic (first free SM) or static")
-    p.add_argument("--launch", default="head-major",
-                   help="launch order: head-major (grid (W, H_kv, B)) or group-major")
+    p.add_argument("--assignment", default=None,
+                   help="model: dynamic (first free SM) or static (default: as the kernel launches it)")
+    p.add_argument("--launch", default=None,
+                   help="model: launch order head-major (grid (W, H_kv, B)) or group-major (default: the "
+                        "kernel's)")
     p.add_argument("--c", type=float, default=1.0, help="compute cost per (Q, KV) tile pair")
     p.add_argument("--r", type=float, default=0.5, help="ordered reduction cost per pair")
-    p.add_argument("--schedules", default="ascending,spt,descending,shift",
-                   help=f"comma-separated, from {','.join(ALL_SCHEDULES)}")
+    p.add_argument("--schedules", default=",".join(s.name for s in registry.specs() if s.ordered),
+                   help=f"comma-separated, from {','.join(registry.names())} (default: the ordered ones)")
     p.add_argument("--png", default=None, help="write one Gantt PNG per schedule into this folder")
     a = p.parse_args(argv)
 
     names = [s.strip() for s in a.schedules.split(",") if s.strip()]
     for s in names:
-        if s not in ALL_SCHEDULES:
-            _bad("--schedules", s, ", ".join(ALL_SCHEDULES))
+        if s not in registry.names():
+            _bad("--schedules", s, ", ".join(registry.names()))
     if not names:
-        _bad("--schedules", a.schedules, ", ".join(ALL_SCHEDULES))
+        _bad("--schedules", a.schedules, ", ".join(registry.names()))
     a.schedule_names = names
-    if a.assignment not in ("dynamic", "static"):
+    if a.assignment not in (None, "dynamic", "static"):
         _bad("--assignment", a.assignment, "dynamic, static")
-    if a.launch not in ("head-major", "group-major"):
+    if a.launch not in (None, "head-major", "group-major"):
         _bad("--launch", a.launch, "head-major, group-major")
     if not 1 <= a.hdim <= 256:
         _bad("--hdim", a.hdim, "1..256")
@@ -84,6 +97,7 @@ def parse_args(argv):
         if not lens or min(lens) < 0:
             _bad("--varlen", a.varlen, "comma-separated non-negative ints")
         a.seqlens_q = a.seqlens_k = lens
+        a.varlen = True
     else:
         sq = a.seqlen_q if a.seqlen_q is not None else a.seqlen
         sk = a.seqlen_k if a.seqlen_k is not None else a.seqlen
@@ -93,6 +107,7 @@ def parse_args(argv):
             if v < 1:
                 _bad(flag, v, "a positive int")
         a.seqlens_q, a.seqlens_k = [sq] * a.batch, [sk] * a.batch
+        a.varlen = False
     if a.batch < 1:
         _bad("--batch", a.batch, "a positive int")
     if a.heads is None:
@@ -120,24 +135,39 @@ def parse_args(argv):
     return a
 
 
+def _simulate(a, name, record):
+    """(schedule, result): the launch plan as the kernel runs it, or the model's choices."""
+    if a.assignment is None and a.launch is None and a.group_size is None:
+        shape = AttentionShape(len(a.seqlens_q), a.heads, a.kv_heads,
+                               tuple(a.seqlens_q) if a.varlen else (a.seqlens_q[0],),
+                               tuple(a.seqlens_k) if a.varlen else (a.seqlens_k[0],), a.varlen, a.causal,
+                               a.window_left, a.window_right)
+        try:
+            plan = launch_plan(shape, name, tiles=SimpleNamespace(block_m=a.block_m, block_n=a.block_n),
+                               device=DeviceProps(resident_programs=a.sms))
+        except ResidencyError as e:
+            raise SystemExit(f"dash-schedule: error: {name} on --sms {a.sms}: {e}") from None
+        return plan.schedule, simulate_plan(plan, c=a.c, r=a.r, record=record)
+    sched = build_schedule(name, seqlens_q=a.seqlens_q, seqlens_k=a.seqlens_k, block_m=a.block_m,
+                           block_n=a.block_n, causal=a.causal, window_left=a.window_left,
+                           window_right=a.window_right, group_size=a.group_size)
+    return sched, simulate(sched, num_heads=a.heads, num_kv_heads=a.kv_heads, num_sms=a.sms, c=a.c, r=a.r,
+                           assignment=a.assignment or "dynamic", launch=a.launch or "head-major",
+                           record=record)
+
+
 def run(a, out=None):
     out = sys.stdout if out is None else out
-    kw = dict(seqlens_q=a.seqlens_q, seqlens_k=a.seqlens_k, block_m=a.block_m, block_n=a.block_n,
-              causal=a.causal, window_left=a.window_left, window_right=a.window_right,
-              group_size=a.group_size)
-    sim_kw = dict(num_heads=a.heads, num_kv_heads=a.kv_heads, num_sms=a.sms, c=a.c, r=a.r,
-                  assignment=a.assignment, launch=a.launch)
     names = list(a.schedule_names)
     record = a.png is not None
-    results = {}
-    for name in dict.fromkeys(names + ["ascending"]):
-        sched = build_schedule(name, **kw)
-        results[name] = (sched, simulate(sched, record=record and name in names, **sim_kw))
+    results = {name: _simulate(a, name, record and name in names) for name in dict.fromkeys(names + ["ascending"])}
     base = results["ascending"][1].makespan
+    launch = ("the kernel's launch plan" if a.assignment is None and a.launch is None and a.group_size is None
+              else f"model: {a.assignment or 'dynamic'} {a.launch or 'head-major'}")
     print(f"shape: seqlens_q={_short(a.seqlens_q)} seqlens_k={_short(a.seqlens_k)} "
           f"heads={a.heads} kv_heads={a.kv_heads} tiles {a.block_m}x{a.block_n} "
           f"causal={a.causal} window=({a.window_left},{a.window_right}) SMs={a.sms} "
-          f"{a.assignment} {a.launch} c={a.c:g} r={a.r:g}", file=out)
+          f"{launch} c={a.c:g} r={a.r:g}", file=out)
     print(f"{'schedule':<11} {'makespan':>10} {'vs asc':>7} {'bubbles':>8}  variant", file=out)
     for name in names:
         sched, res = results[name]

@@ -1,22 +1,26 @@
-"""DAG simulator of the deterministic backward (dash-schedules.md section 2).
+"""DAG simulator of the deterministic backward (the DASH paper's model, arXiv 2601.21824).
 
 Nodes per stage of a worker: compute C (cost c) then, for ordered schedules, the reduction R
 (cost r) into the dQ tile, which may start only when the previous rank of that dQ tile has
 finished (the semaphore). Program order: a worker's next compute starts when its reduction ends
-(one stage = c + r, no overlap, as in the paper's model). Workers are launched in order
-(`launch_order`: head-major (sequence, KV head, worker) or group-major) onto `num_sms` SMs:
+(one stage = c + r, no overlap, as in the paper's model). Workers are launched in order onto SMs:
 - "dynamic": the first free SM takes the next worker (non-persistent grid);
 - "static": worker k runs on SM k mod num_sms, in launch order (persistent grid).
-`num_sms=None` gives every worker its own SM (all co-resident: lock-step when all stages cost
-the same). GQA: a worker repeats its steps for each query head of its group; dQ semaphores are
-per query head. Ranks come from the Schedule, the same ones the kernel tables carry.
+GQA: a worker repeats its steps for each query head of its group; dQ semaphores are per query
+head. Ranks come from the Schedule, the same ones the kernel tables carry.
+
+Two entry points: `simulate_plan(plan)` draws what the kernel runs (the launch plan's order,
+grid and persistence); `simulate(schedule, ...)` is the model with free choices (SM count,
+assignment, a head-major or group-major launch), for what-if studies. `num_sms=None` gives
+every worker its own SM (all co-resident: lock-step when all stages cost the same).
 """
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
 
-from .builders import Schedule
+from .plan import LaunchPlan
+from .schedule import Schedule
 
 
 class SimulationDeadlock(RuntimeError):
@@ -50,8 +54,9 @@ class SimResult:
         return 0.0 if total == 0 else 1.0 - self.busy / total
 
 
-def launch_order(schedule: Schedule, num_kv_heads: int, order: str = "head-major"):
-    """(sequence, KV head, worker) in launch order.
+def model_launch(schedule: Schedule, num_kv_heads: int, order: str = "head-major"):
+    """(sequence, table row, KV head, worker) in launch order, for the model (workers in the
+    builder's order; the kernel's own order is `LaunchPlan.work_items`).
 
     "head-major": worker fastest, then KV head, then sequence (grid (W, H_kv, B)).
     "group-major": the workers of one group fastest, then KV head, then group, then sequence:
@@ -62,23 +67,23 @@ def launch_order(schedule: Schedule, num_kv_heads: int, order: str = "head-major
     out = []
     for b, seq in enumerate(schedule.sequences):
         if order == "head-major":
-            out.extend((b, hk, w) for hk in range(num_kv_heads) for w in range(len(seq.workers)))
+            out.extend((b, b, hk, w) for hk in range(num_kv_heads) for w in range(len(seq.workers)))
         else:
             groups: dict[int, list[int]] = {}
             for w, worker in enumerate(seq.workers):
                 groups.setdefault(worker.group, []).append(w)
-            out.extend((b, hk, w) for members in groups.values() for hk in range(num_kv_heads)
+            out.extend((b, b, hk, w) for members in groups.values() for hk in range(num_kv_heads)
                        for w in members)
     return out
 
 
-def _units(schedule: Schedule, num_heads: int, num_kv_heads: int, launch: str):
+def _units(schedule: Schedule, num_heads: int, num_kv_heads: int, items):
     """Workers in launch order with their stages (head, kv, q, rank, reduce)."""
     group = num_heads // num_kv_heads
-    reduce = schedule.name != "split"
+    reduce = not schedule.spec.reduction_free
     units = []
-    for b, hk, w in launch_order(schedule, num_kv_heads, launch):
-        worker = schedule.sequences[b].workers[w]
+    for b, row, hk, w in items:
+        worker = schedule.sequences[row].workers[w]
         stages = []
         for hq in range(hk * group, (hk + 1) * group):
             for kv, q, rank in worker.steps:
@@ -91,18 +96,35 @@ def simulate(schedule: Schedule, *, num_heads: int = 1, num_kv_heads: int | None
              num_sms: int | None = None, c: float = 1.0, r: float = 0.5,
              assignment: str = "dynamic", launch: str = "head-major",
              record: bool = False) -> SimResult:
+    """The model: `schedule`'s workers launched head-major or group-major onto `num_sms` SMs."""
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     if num_heads < 1 or num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_kv_heads "
                          f"({num_kv_heads})")
+    units = _units(schedule, num_heads, num_kv_heads, model_launch(schedule, num_kv_heads, launch))
+    n_sm = max(1, len(units)) if num_sms is None else num_sms
+    if n_sm < 1:
+        raise ValueError(f"num_sms must be >= 1, got {num_sms}")
+    return _run(schedule, units, n_sm, c, r, assignment, record)
+
+
+def simulate_plan(plan: LaunchPlan, *, c: float = 1.0, r: float = 0.5, record: bool = False) -> SimResult:
+    """What the kernel runs: the plan's work items in its launch order, on its persistent grid
+    (item k on program k mod P) or, without one, onto its device's resident programs as they
+    free up. (The kernel launches at most 65535 sequences at a time; the model runs one launch.)"""
+    if plan.schedule is None:
+        raise ValueError(f"the plan of {plan.spec.name!r} has no schedule: its backend sums in its own order")
+    units = _units(plan.schedule, plan.shape.heads_q, plan.shape.heads_kv, plan.work_items())
+    if plan.persistent:
+        return _run(plan.schedule, units, plan.grid(plan.shape.batch)[0][0], c, r, "static", record)
+    return _run(plan.schedule, units, plan.resident_programs, c, r, "dynamic", record)
+
+
+def _run(schedule: Schedule, units, n_sm: int, c: float, r: float, assignment: str, record: bool) -> SimResult:
     if assignment not in ("dynamic", "static"):
         raise ValueError(f"assignment must be 'dynamic' or 'static', got {assignment!r}")
     if c < 0 or r < 0:
         raise ValueError(f"costs must be >= 0, got c={c}, r={r}")
-    units = _units(schedule, num_heads, num_kv_heads, launch)
-    n_sm = max(1, len(units)) if num_sms is None else num_sms
-    if n_sm < 1:
-        raise ValueError(f"num_sms must be >= 1, got {num_sms}")
     ordered = schedule.ordered
 
     heap: list = []
@@ -191,6 +213,6 @@ def simulate(schedule: Schedule, *, num_heads: int = 1, num_kv_heads: int | None
         stuck = [k for k, d in enumerate(done) if not d]
         raise SimulationDeadlock(
             f"{schedule.name}: {len(stuck)} workers never finish (first: launch index {stuck[0]}); "
-            f"{len(waiting)} reductions wait on ranks that cannot come (num_sms={num_sms}, "
+            f"{len(waiting)} reductions wait on ranks that cannot come (SMs: {n_sm}, "
             f"assignment={assignment})")
     return SimResult(makespan, n_sm, busy, wait, blocks)

@@ -1,5 +1,5 @@
-"""Compact int32 tables of an ordered schedule for the Triton backward (docs/INTERNALS.md,
-"Schedule tables"). Built from `builders.build_schedule`, so the kernel, the simulator and the
+"""Compact int32 tables of an ordered schedule, what a backward kernel reads (docs/INTERNALS.md,
+"Schedule tables"). Built from `schedule.build_schedule`, so the kernels, the simulator and the
 pictures share one set of ranks. Cached per shape: callers must not modify the tensors.
 """
 from __future__ import annotations
@@ -9,7 +9,8 @@ from functools import lru_cache
 
 import torch
 
-from .builders import ORDERED_SCHEDULES, _build_cached, normalize_args
+from . import registry
+from .schedule import build_cached, normalize_args
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,9 @@ class KernelTables:
 
 
 @lru_cache(maxsize=256)
-def _tables_cached(schedule, seqlens_q, seqlens_k, block_m, block_n, window_left, window_right,
-                   group_size, causal) -> KernelTables:
-    sched = _build_cached(schedule, seqlens_q, seqlens_k, block_m, block_n, window_left,
-                          window_right, group_size, causal)
+def tables_cached(*normalized) -> KernelTables:
+    """`kernel_tables` on `normalize_args`'s output."""
+    sched = build_cached(*normalized)
     seqs = sched.sequences
     b = len(seqs)
     w_max = max([1] + [len(s.workers) for s in seqs])
@@ -70,19 +70,18 @@ def _tables_cached(schedule, seqlens_q, seqlens_k, block_m, block_n, window_left
                 seg_end[bi, wi, si] = end
             if len(worker.segments) == 1:
                 seg_end[bi, wi, 1] = end
-    return KernelTables(num_workers, seg_kv, seg_end, q_tile, rank, num_contrib, schedule,
+    return KernelTables(num_workers, seg_kv, seg_end, q_tile, rank, num_contrib, sched.name,
                         max(s.group_size for s in seqs), sched.variants)
 
 
 def kernel_tables(schedule: str, *, seqlens_q, seqlens_k, block_m: int, block_n: int,
                   causal: bool, window_left: int, window_right: int,
                   group_size: int | None = None) -> KernelTables:
-    """Tables of the ordered schedule `schedule` (ascending, spt, descending, shift) for a batch
-    (dense: one length pair; varlen: one pair per sequence). Cached by shape."""
-    name, sq, sk, bm, bn, causal_n, wl, wr, g = normalize_args(
-        schedule, seqlens_q, seqlens_k, block_m, block_n, causal, window_left, window_right,
-        group_size)
-    if name not in ORDERED_SCHEDULES:
-        raise ValueError(f"kernel_tables: schedule {name!r} needs no tables; tables exist for "
-                         f"{', '.join(ORDERED_SCHEDULES)}")
-    return _tables_cached(name, sq, sk, bm, bn, wl, wr, g, causal_n)
+    """Tables of an ordered schedule (registry kernel mode "ordered") for a batch (dense: one
+    length pair; varlen: one pair per sequence). Cached by shape."""
+    normalized = normalize_args(schedule, seqlens_q, seqlens_k, block_m, block_n, causal, window_left,
+                                window_right, group_size)
+    if not normalized[0].ordered:
+        raise ValueError(f"kernel_tables: schedule {schedule!r} needs no tables; tables exist for "
+                         f"{', '.join(s.name for s in registry.specs() if s.ordered)}")
+    return tables_cached(*normalized)

@@ -1,4 +1,4 @@
-"""Validity checks of a schedule, on the CPU. `check_schedule` raises ScheduleError naming the
+"""Validity checks of a schedule, on the CPU. `validate_schedule` raises ScheduleError naming the
 first violation; the kernel tables are only ever built from schedules that pass (tests prove it
 over a grid of shapes).
 
@@ -14,7 +14,8 @@ Checked per sequence:
 """
 from __future__ import annotations
 
-from .builders import MAX_GROUP, Schedule, SequenceSchedule
+from .builders import MAX_GROUP, SequenceSchedule
+from .schedule import Schedule
 
 
 class ScheduleError(AssertionError):
@@ -95,7 +96,7 @@ def sequential_safe(seq: SequenceSchedule) -> bool:
     return True
 
 
-def check_schedule(schedule: Schedule, max_group: int = MAX_GROUP) -> None:
+def validate_schedule(schedule: Schedule, max_group: int = MAX_GROUP) -> None:
     """Raise ScheduleError unless every sequence of `schedule` is valid."""
     for b, seq in enumerate(schedule.sequences):
         try:

@@ -1,0 +1,154 @@
+"""Kernel backends: the auto rule, explicit choices and their errors, the `backend` field of the
+config switch, and the ops carrying it (kernels/backends.py, dash_plugin/config.py)."""
+import os
+
+import pytest
+import torch
+
+import dash_plugin
+from dash_plugin import dispatch, ops
+from dash_plugin.config import resolve_config
+from dash_plugin.kernels import backends
+from dash_plugin.kernels.backends import Request
+
+BUILTIN = ("reference", "triton")
+
+
+def req(device="cuda", dtype=torch.bfloat16, head_dim=128, schedule="split", mode="split"):
+    return Request(torch.device(device), dtype, head_dim, schedule, mode)
+
+
+@pytest.fixture(autouse=True)
+def clean_config():
+    dash_plugin.reset_config()
+    yield
+    dash_plugin.reset_config()
+
+
+def test_auto_rule():
+    """Committed per device type: Triton for CUDA half precision, the reference for the rest."""
+    assert backends.choose("auto", req(), BUILTIN).name == "triton"
+    assert backends.choose("auto", req(dtype=torch.float16, schedule="shift", mode="ordered"), BUILTIN).name == "triton"
+    assert backends.choose("auto", req(dtype=torch.float32), BUILTIN).name == "reference"
+    assert backends.choose("auto", req(device="cpu", dtype=torch.float32), BUILTIN).name == "reference"
+    assert backends.choose("auto", req(), ("reference",)).name == "reference"   # a schedule only it implements
+    assert backends.AUTO_ORDER["cuda"][0] == "triton" and backends.AUTO_DEFAULT == ("reference",)
+
+
+def test_explicit_backends_run_or_say_why_not():
+    assert backends.choose("reference", req(), BUILTIN).name == "reference"
+    with pytest.raises(ValueError, match="backend='triton' does not implement schedule='split'; backends that "
+                                         "do: reference"):
+        backends.choose("triton", req(), ("reference",))
+    with pytest.raises(ValueError, match="backend='triton' cannot run this call: dtype torch.float32 on cuda"):
+        backends.choose("triton", req(dtype=torch.float32), BUILTIN)
+    with pytest.raises(ValueError, match="head_dim=512"):
+        backends.choose("triton", req(head_dim=512), BUILTIN)
+    with pytest.raises(ValueError, match="backend='cudnn'; allowed: auto, reference, triton"):
+        backends.choose("cudnn", req(), BUILTIN)
+    with pytest.raises(ValueError, match="no backend runs this call"):
+        backends.choose("auto", req(), ())
+
+
+def test_a_backend_that_does_not_import_is_unavailable(monkeypatch):
+    def load_hopper():
+        from dash_plugin.kernels import no_such_module  # noqa: F401
+    monkeypatch.setitem(backends._LOADERS, "hopper", load_hopper)
+    monkeypatch.setattr(backends, "_loaded", {})
+    with pytest.warns(UserWarning, match="hopper backend is unavailable"):
+        why = backends.get("hopper").supports(req())
+    assert "does not import" in why
+    monkeypatch.setitem(backends.AUTO_ORDER, "cuda", ("hopper", "triton", "reference"))
+    assert backends.choose("auto", req(), ("hopper", "triton", "reference")).name == "triton"
+
+
+def test_every_backend_offers_the_interface():
+    for name in backends.names():
+        b = backends.get(name)
+        assert b.name == name
+        for method in ("supports", "tiles", "device_props", "forward", "backward"):
+            assert callable(getattr(b, method))
+    assert backends.get("reference").tiles(req()) is None
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        tiles = backends.get("triton").tiles(req(device="cpu", dtype=torch.float32, schedule="shift",
+                                                 mode="ordered"))
+        assert (tiles.block_m, tiles.block_n) == (16, 32)
+
+
+def test_backend_field_of_the_config_switch(monkeypatch):
+    c = resolve_config()
+    assert (c.backend, c.backend_source) == ("auto", "default")
+    monkeypatch.setenv("DASH_BACKEND", "reference")
+    assert (resolve_config().backend, resolve_config().backend_source) == ("reference", "env DASH_BACKEND")
+    model = {"dash_attention": {"backend": "triton"}}
+    assert resolve_config(model_config=model).backend_source == "model config dash_attention"
+    dash_plugin.configure(backend="reference")
+    with dash_plugin.dash_config(backend="triton"):
+        assert resolve_config(model_config=model).backend_source == "dash_config() context"
+        assert resolve_config(backend="reference").backend_source == "call argument"
+    assert resolve_config().backend_source == "configure()"
+    monkeypatch.setenv("DASH_BACKEND", "fastest")
+    dash_plugin.reset_config()
+    with pytest.raises(ValueError, match=r"backend='fastest' \(from env DASH_BACKEND\) is not a backend; allowed: "
+                                         "auto, reference, triton"):
+        resolve_config()
+
+
+def _call(**kw):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 40, 2, 32, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, 40, 1, 32, generator=g, requires_grad=True) for _ in range(2))
+    out = dash_plugin.flash_attention(q, k, v, causal=True, **kw)
+    return [out] + list(torch.autograd.grad(out.square().sum(), (q, k, v)))
+
+
+def test_the_api_names_the_backend_that_ran():
+    default = _call(schedule="descending")
+    assert dash_plugin.last_resolved().describe() == (
+        "schedule=descending (from call argument), deterministic=True (from default), "
+        "backend=auto -> reference (from default)")
+    explicit = _call(schedule="descending", backend="reference")
+    assert dash_plugin.last_resolved().describe().endswith("backend=reference (from call argument)")
+    assert all(torch.equal(a, b) for a, b in zip(default, explicit))
+    assert ops.kernel_path(torch.zeros(1)) == "reference"
+    x = torch.zeros(1, 8, 1, 32, dtype=torch.bfloat16)
+    assert dispatch.choose_backend("auto", x, x, "shift", causal=True).name == "reference"
+    _spec, request = dispatch.request(x[0], x[0], "shift", cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32),
+                                      max_seqlen_q=8, max_seqlen_k=8, causal=True, window_right=-1, softcap=2.0)
+    assert request == Request(torch.device("cpu"), torch.bfloat16, 32, "shift", "ordered", True, 8, 8, True, -1, 0,
+                              softcap=True, dropout=False)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton interpreter runs without CUDA")
+def test_the_triton_backend_through_the_api_in_the_interpreter():
+    ref = _call(schedule="spt")
+    tri = _call(schedule="spt", backend="triton")
+    assert dash_plugin.last_resolved().concrete_backend == "triton"
+    for a, b in zip(tri, ref):
+        assert ((a - b).norm() / b.norm()).item() < 1e-5
+    with pytest.raises(ValueError, match="backend='triton' cannot run this call: dtype torch.bfloat16 on cpu"):
+        dash_plugin.flash_attention(*(torch.zeros(1, 8, 1, 32, dtype=torch.bfloat16) for _ in range(3)),
+                                    backend="triton")
+
+
+def test_the_ops_carry_the_backend():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 12, 2, 32, generator=g) for _ in range(3))
+    args = (q, k, v, None, None, 12, 12, 0.2, True, -1, 0, 0.0, 0.0, 0, "ascending", True)
+    out, lse = torch.ops.dash.fwd(*args)                 # backend defaults to auto
+    out_ref, lse_ref = torch.ops.dash.fwd(*args, "reference")
+    assert torch.equal(out, out_ref) and torch.equal(lse, lse_ref)
+    with pytest.raises(ValueError, match="backend='bogus'"):
+        torch.ops.dash.fwd(*args, "bogus")
+    grads = torch.ops.dash.bwd(torch.ones_like(out), q, k, v, out, lse, None, None, *args[5:], "reference")
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+def test_backends_load_inside_a_compiled_region(monkeypatch):
+    """The API names the backend of each call, so the first call may come inside torch.compile:
+    loading a backend there must not break the graph (fullgraph=True)."""
+    monkeypatch.setattr(backends, "_loaded", {})
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 16, 2, 32, generator=g) for _ in range(3))
+    compiled = torch.compile(lambda q, k, v: dash_plugin.flash_attention(q, k, v, causal=True), fullgraph=True)
+    assert torch.equal(compiled(q, k, v), dash_plugin.flash_attention(q, k, v, causal=True))
