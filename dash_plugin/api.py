@@ -7,14 +7,6 @@ import torch
 from . import checks, config, dispatch, ops
 
 
-def _concrete_schedule(resolved: config.ResolvedConfig, *, causal, head_dim, seqlen_q, seqlen_k, window, varlen):
-    if resolved.schedule != "auto":
-        return resolved.schedule
-    from .schedules.auto import choose_schedule
-    return choose_schedule(causal=causal, head_dim=head_dim, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                           window_left=window[0], window_right=window[1], varlen=varlen)
-
-
 def _draw_seed() -> int:
     # From the default CPU generator: torch.manual_seed(s) fixes it, and no device sync is needed.
     return int(torch.randint(0, 2 ** 62, (1,)).item())
@@ -58,13 +50,13 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
 
     resolved = config.resolve_config(schedule=schedule, deterministic=deterministic, backend=backend,
                                      model_config=model_config)
-    concrete = _concrete_schedule(resolved, causal=causal, head_dim=q.shape[-1], seqlen_q=max_seqlen_q,
-                                  seqlen_k=max_seqlen_k, window=(left, right), varlen=varlen)
-    chosen = dispatch.choose_backend(resolved.backend, q, k, concrete, cu_seqlens_q=cu_seqlens_q,
-                                     max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal,
-                                     window_left=left, window_right=right, softcap=softcap,
-                                     dropout_p=dropout_p).name
-    config._remember(dataclasses.replace(resolved, concrete_schedule=concrete, concrete_backend=chosen))
+    chosen, concrete, passed_over = dispatch.resolve(
+        resolved.backend, resolved.schedule, q, k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k, causal=causal, window_left=left, window_right=right, softcap=softcap,
+        dropout_p=dropout_p)
+    chosen = chosen.name
+    config._remember(dataclasses.replace(resolved, concrete_schedule=concrete, concrete_backend=chosen,
+                                         backend_passed_over=passed_over))
 
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     seed = 0

@@ -46,13 +46,15 @@ class ResolvedConfig:
     backend: str = backends.AUTO
     backend_source: str = "default"
     concrete_backend: str = ""   # the backend that ran ("" until known)
+    backend_passed_over: tuple = ()   # "backend: why not" for each faster backend auto passed over
 
     def describe(self) -> str:
         def arrow(value, concrete):
             return f" -> {concrete}" if concrete and concrete != value else ""
         return (f"schedule={self.schedule}{arrow(self.schedule, self.concrete_schedule)} (from {self.schedule_source}), "
                 f"deterministic={self.deterministic} (from {self.deterministic_source}), "
-                f"backend={self.backend}{arrow(self.backend, self.concrete_backend)} (from {self.backend_source})")
+                f"backend={self.backend}{arrow(self.backend, self.concrete_backend)} (from {self.backend_source}"
+                + "".join(f"; {why}" for why in self.backend_passed_over) + ")")
 
 
 def check_schedule(value, source: str) -> str:

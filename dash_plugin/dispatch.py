@@ -4,6 +4,7 @@ a given backend without the autograd layer. The API resolves `auto` schedules an
 sources before (config.py, api.py); docs/DESIGN.md, "The flow of a call".
 """
 from dash_plugin.kernels import backends
+from dash_plugin.schedules import auto
 from dash_plugin.schedules import plan as launch_plans
 from dash_plugin.schedules import registry
 
@@ -27,6 +28,32 @@ def choose_backend(name: str, q, k, schedule: str | None = None, **kw):
     implements the schedule and supports the call (kernels/backends.py)."""
     spec, req = request(q, k, schedule, **kw)
     return backends.choose(name, req, None if spec is None else spec.backends)
+
+
+def resolve(backend: str, schedule: str, q, k, *, head_dim=None, **kw):
+    """(backend, concrete schedule, why backends earlier in the auto order were passed over) of
+    a call. An explicit schedule runs on the backend `choose_backend` gives. `auto` is resolved
+    per candidate backend (the named one, or the committed order), because each backend's
+    kernels make a different order the fastest: the first candidate that runs the schedule its
+    own rule picks wins."""
+    if schedule != registry.AUTO:
+        spec, req = request(q, k, schedule, **kw)
+        chosen, passed_over = backends.choose_explained(backend, req, spec.backends)
+        return chosen, schedule, passed_over
+    passed_over = []
+    for name in backends.candidates(backend, q.device.type):
+        concrete = auto.choose_schedule(
+            causal=bool(kw.get("causal", False)), head_dim=q.shape[-1], seqlen_q=kw["max_seqlen_q"],
+            seqlen_k=kw["max_seqlen_k"], window_left=kw.get("window_left", -1),
+            window_right=kw.get("window_right", -1), varlen=kw.get("cu_seqlens_q") is not None, backend=name)
+        spec, req = request(q, k, concrete, **kw)
+        if backend != backends.AUTO:   # named: it runs its own choice or says why not
+            return backends.choose_explained(name, req, spec.backends)[0], concrete, ()
+        why = backends.why_not(name, req, spec.backends)
+        if why is None:
+            return backends.get(name), concrete, tuple(passed_over)
+        passed_over.append(f"{name}: {why}")
+    raise ValueError(f"backend='auto': no backend runs this call ({'; '.join(passed_over)})")
 
 
 def attention_forward(q, k, v, *, schedule: str | None = None, backend: str = "auto", **kw):

@@ -87,13 +87,18 @@ def _triton():
     return triton_backend.BACKEND
 
 
+def _hopper():
+    from . import hopper_backend
+    return hopper_backend.BACKEND
+
+
 # name -> loader of its BACKEND: plain import statements (not importlib), which torch.compile can
 # trace when the first call comes inside a compiled region. A new backend adds a loader here, and
 # to AUTO_ORDER if auto may pick it.
-_LOADERS = {"reference": _reference, "triton": _triton}
+_LOADERS = {"reference": _reference, "triton": _triton, "hopper": _hopper}
 # The auto rule: per device type, the backends in order of speed; auto takes the first that
 # implements the schedule and supports the call. Committed here, never a timing taken at run time.
-AUTO_ORDER = {"cuda": ("triton", "reference")}
+AUTO_ORDER = {"cuda": ("hopper", "triton", "reference")}
 AUTO_DEFAULT = ("reference",)
 
 
@@ -128,11 +133,29 @@ def get(name: str):
     return _loaded[name]
 
 
+def candidates(name: str, device_type: str) -> tuple[str, ...]:
+    """The backends a call may run on: `name` itself, or for auto the committed order."""
+    return AUTO_ORDER.get(device_type, AUTO_DEFAULT) if name == AUTO else (name,)
+
+
+def why_not(name: str, request: Request, implemented_by: tuple[str, ...] | None = None) -> str | None:
+    """None if backend `name` runs `request`, else why not."""
+    if implemented_by is not None and name not in implemented_by:
+        return f"does not implement schedule={request.schedule!r}"
+    why = get(name).supports(request)
+    return None if why is True else why
+
+
 def choose(name: str, request: Request, implemented_by: tuple[str, ...] | None = None):
     """The backend that runs `request`: `name` itself, or for `auto` the first of AUTO_ORDER for
     the device that implements the schedule (`implemented_by`, from the schedule registry) and
     supports the call. An explicit backend that cannot run the call is an error, never a
     silent substitute."""
+    return choose_explained(name, request, implemented_by)[0]
+
+
+def choose_explained(name: str, request: Request, implemented_by: tuple[str, ...] | None = None):
+    """(backend, why each backend before it in the auto order was passed over)."""
     if name != AUTO:
         backend = get(name)
         if implemented_by is not None and name not in implemented_by:
@@ -141,14 +164,11 @@ def choose(name: str, request: Request, implemented_by: tuple[str, ...] | None =
         why = backend.supports(request)
         if why is not True:
             raise ValueError(f"backend={name!r} cannot run this call: {why}")
-        return backend
+        return backend, ()
     reasons = []
-    for candidate in AUTO_ORDER.get(request.device_type, AUTO_DEFAULT):
-        if implemented_by is not None and candidate not in implemented_by:
-            reasons.append(f"{candidate}: does not implement schedule={request.schedule!r}")
-            continue
-        why = get(candidate).supports(request)
-        if why is True:
-            return get(candidate)
+    for candidate in candidates(name, request.device_type):
+        why = why_not(candidate, request, implemented_by)
+        if why is None:
+            return get(candidate), tuple(reasons)
         reasons.append(f"{candidate}: {why}")
     raise ValueError(f"backend='auto': no backend runs this call ({'; '.join(reasons)})")

@@ -19,7 +19,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from dash_plugin.kernels import attn_bwd, attn_fwd, hopper  # noqa: E402
+from dash_plugin import dispatch  # noqa: E402
+from dash_plugin.kernels import attn_fwd  # noqa: E402
 from tests.math_attention import math_attention  # noqa: E402
 
 DTYPE = torch.bfloat16
@@ -35,10 +36,10 @@ def forward(q, k, v, causal):
     return attn_fwd.attention_forward(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal)
 
 
-def ours(schedule, q, k, v, out, lse, do, causal, deterministic=True):
-    return hopper.attention_backward(do, q, k, v, out, lse, softmax_scale=q.shape[-1] ** -0.5,
-                                     causal=causal, schedule=schedule,
-                                     deterministic=deterministic and schedule != "atomic")
+def ours(schedule, q, k, v, out, lse, do, causal, backend="hopper"):
+    return dispatch.attention_backward(do, q, k, v, out, lse, softmax_scale=q.shape[-1] ** -0.5,
+                                       causal=causal, schedule=schedule, backend=backend,
+                                       deterministic=schedule != "atomic")
 
 
 def fa4_bwd(q, k, v, out, lse, do, causal, deterministic):
@@ -147,8 +148,7 @@ def stage_time(results, hdims, seqlens, gqa):
                 flops = 2.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
                 row = {"hdim": d, "causal": causal, "seqlen": s, "gqa": gqa}
                 impls = {f"cute-{x}": (lambda x=x: ours(x, q, k, v, out, lse, do, causal)) for x in schedules_for(causal)}
-                impls["triton-split"] = lambda: attn_bwd.attention_backward(
-                    do, q, k, v, out, lse, softmax_scale=d ** -0.5, causal=causal, schedule="split")
+                impls["triton-split"] = lambda: ours("split", q, k, v, out, lse, do, causal, backend="triton")
                 if fa4:
                     impls["fa4-det"] = lambda: fa4_bwd(q, k, v, out, lse, do, causal, True)
                     impls["fa4"] = lambda: fa4_bwd(q, k, v, out, lse, do, causal, False)

@@ -26,13 +26,17 @@ def clean_config():
 
 
 def test_auto_rule():
-    """Committed per device type: Triton for CUDA half precision, the reference for the rest."""
+    """Committed per device type: Hopper, then Triton for CUDA half precision, the reference for
+    the rest. (No sm90 GPU here: the Hopper backend says so and auto passes it over.)"""
     assert backends.choose("auto", req(), BUILTIN).name == "triton"
     assert backends.choose("auto", req(dtype=torch.float16, schedule="shift", mode="ordered"), BUILTIN).name == "triton"
     assert backends.choose("auto", req(dtype=torch.float32), BUILTIN).name == "reference"
     assert backends.choose("auto", req(device="cpu", dtype=torch.float32), BUILTIN).name == "reference"
     assert backends.choose("auto", req(), ("reference",)).name == "reference"   # a schedule only it implements
-    assert backends.AUTO_ORDER["cuda"][0] == "triton" and backends.AUTO_DEFAULT == ("reference",)
+    assert backends.AUTO_ORDER["cuda"] == ("hopper", "triton", "reference")
+    assert backends.AUTO_DEFAULT == ("reference",)
+    chosen, passed_over = backends.choose_explained("auto", req(), BUILTIN + ("hopper",))
+    assert chosen.name == "triton" and passed_over == ("hopper: needs an sm90 (Hopper) GPU",)
 
 
 def test_explicit_backends_run_or_say_why_not():
@@ -44,7 +48,7 @@ def test_explicit_backends_run_or_say_why_not():
         backends.choose("triton", req(dtype=torch.float32), BUILTIN)
     with pytest.raises(ValueError, match="head_dim=512"):
         backends.choose("triton", req(head_dim=512), BUILTIN)
-    with pytest.raises(ValueError, match="backend='cudnn'; allowed: auto, reference, triton"):
+    with pytest.raises(ValueError, match="backend='cudnn'; allowed: auto, reference, triton, hopper"):
         backends.choose("cudnn", req(), BUILTIN)
     with pytest.raises(ValueError, match="no backend runs this call"):
         backends.choose("auto", req(), ())

@@ -1,12 +1,14 @@
-"""GPU tests of the Hopper backward (kernels/hopper; marker `gpu`; skipped without an sm90 GPU
-and the `hopper` extra).
+"""GPU tests of the Hopper backend (kernels/hopper_backend.py; marker `gpu`; skipped without an
+sm90 GPU and the `hopper` extra).
 
 - every schedule it runs x mask x GQA x head dim against the float64 oracle, within twice the
   error of plain bf16 PyTorch math (the FlashAttention papers' bar);
 - the orders FA4 also runs (ascending on full masks, spt on causal ones) give FA4's bits;
 - 1,000 passes bitwise equal per ordered schedule while another process loads the GPU, and while
   a side stream occupies SMs at launch (the order never depends on how many SMs are free);
-  `atomic` shown to differ; the same digests in a fresh process.
+  `atomic` shown to differ; the same digests in a fresh process;
+- through the API: `auto` takes this backend where it runs the call and says why where it does
+  not; a Hugging Face model through it matches fp32 eager.
 """
 import os
 import subprocess
@@ -15,7 +17,10 @@ import sys
 import pytest
 import torch
 
+import dash_plugin
+from dash_plugin import dispatch
 from dash_plugin.kernels import hopper
+from dash_plugin.schedules import registry
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available()
@@ -29,13 +34,10 @@ if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("",
 from tests.hardening_helpers import LoadProcess, count_mismatching_passes, hang_guard, sha256  # noqa: E402
 from tests.math_attention import math_attention  # noqa: E402
 
-ORDERED = ("ascending", "spt", "descending", "shift")
+SCHEDULES = tuple(s for s in registry.names() if "hopper" in registry.get(s).backends)
+ORDERED = tuple(s for s in SCHEDULES if registry.get(s).ordered)
 N_PASSES = int(os.environ.get("DASH_DETERMINISM_PASSES", "1000"))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def schedules(causal):
-    return [s for s in hopper.SCHEDULES if not (causal and s == "shift")]
 
 
 def problem(b, s, hq, hkv, d, causal, seed=0):
@@ -47,9 +49,9 @@ def problem(b, s, hq, hkv, d, causal, seed=0):
 
 
 def backward(p, schedule):
-    return hopper.attention_backward(p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"],
-                                     softmax_scale=p["q"].shape[-1] ** -0.5, causal=p["causal"],
-                                     schedule=schedule, deterministic=schedule != "atomic")
+    return dispatch.attention_backward(p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"],
+                                       softmax_scale=p["q"].shape[-1] ** -0.5, causal=p["causal"],
+                                       schedule=schedule, deterministic=schedule != "atomic", backend="hopper")
 
 
 def rel(a, b):
@@ -87,7 +89,7 @@ def checked_problem(request):
     return p, *oracle_and_bf16_math(p)
 
 
-@pytest.mark.parametrize("schedule", hopper.SCHEDULES)
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_matches_float64_oracle(checked_problem, schedule):
     p, ref, base = checked_problem
     if p["causal"] and schedule == "shift":
@@ -181,3 +183,47 @@ def test_same_digests_in_a_fresh_process():
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split("\n")[:len(pairs)] == here
+
+
+def test_auto_takes_this_backend_where_it_runs_and_says_why_where_not():
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q, k, v = (torch.randn(2, 2048, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
+               for _ in range(3))
+    out = dash_plugin.flash_attention(q, k, v, causal=True)
+    got = dash_plugin.last_resolved()
+    assert (got.concrete_backend, got.concrete_schedule) == ("hopper", "descending"), got.describe()
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    want = torch.autograd.grad(dash_plugin.flash_attention(q, k, v, causal=True, backend="triton", schedule="split"),
+                               (q, k, v), torch.ones_like(out))
+    assert all(rel(a, b.double().cpu()) < 2e-2 for a, b in zip(grads, want))
+    cu = torch.tensor([0, 1000, 4096], device="cuda", dtype=torch.int32)
+    flat = [t.detach().reshape(-1, 8, 128) for t in (q, k, v)]
+    dash_plugin.flash_attention(*flat, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    got = dash_plugin.last_resolved()
+    assert got.concrete_backend == "triton" and "hopper: varlen runs on the Triton backend" in got.describe()
+    with pytest.raises(ValueError, match="backend='hopper' cannot run this call: varlen"):
+        dash_plugin.flash_attention(*flat, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, backend="hopper")
+
+
+@pytest.mark.parametrize("head_dim", (64, 128))
+def test_hugging_face_llama_through_this_backend_matches_fp32_eager(tmp_path, head_dim):
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=4 * head_dim, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                                   max_position_embeddings=512)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    ids = torch.randint(3, 128, (2, 256), generator=torch.Generator().manual_seed(1))
+
+    def run(model, device, dtype, **kw):
+        model = model.to(device, dtype)
+        logits = model(input_ids=ids.to(device), **kw).logits
+        logits.float().square().mean().backward()
+        return logits.float().cpu(), torch.cat([p.grad.float().flatten().cpu() for p in model.parameters()])
+
+    load = lambda impl: transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=impl)  # noqa: E731
+    want = run(load("eager"), "cpu", torch.float32)
+    got = run(load("dash"), "cuda", torch.bfloat16, dash_backend="hopper")
+    assert dash_plugin.last_resolved().concrete_backend == "hopper"
+    for a, b in zip(got, want):
+        assert ((a - b).norm() / b.norm()).item() < 3e-2

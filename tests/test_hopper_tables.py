@@ -1,16 +1,31 @@
-"""The Hopper backend's plan, on the CPU: per-KV-tile visit lists and ranks built from the
-schedule model, the launch-order rule that keeps a non-persistent grid deadlock-free, the
-closed form the kernel computes instead of reading tables, and the request filter."""
+"""The Hopper backend's plan, on the CPU: per-KV-tile visit lists and ranks taken from the
+launch plan, the launch-order rule that keeps a non-persistent grid deadlock-free, the closed
+form the kernel computes instead of reading tables, and the request filter."""
 import pytest
 import torch
 
-from dash_plugin.kernels import hopper
-from dash_plugin.kernels.hopper import plan_tables
-from dash_plugin.kernels.hopper.tile_table import bwd_tiles
-from dash_plugin.kernels.hopper.visit_tables import (RESIDENT_SLOTS, Unsupported, VisitTables,
-                                                     check_waits_follow_launch, cyclic_group_size,
-                                                     heads_per_l2_section, visit_tables)
-from dash_plugin.schedules import make_geometry
+from dash_plugin.kernels.backends import DeviceProps, Request
+from dash_plugin.kernels.hopper import (RESIDENT_SLOTS, Unsupported, VisitTables, bwd_tiles,
+                                        check_waits_follow_launch, cyclic_group_size,
+                                        heads_per_l2_section, tables_of)
+from dash_plugin.kernels.hopper_backend import BACKEND
+from dash_plugin.schedules import make_geometry, registry
+from dash_plugin.schedules.plan import AttentionShape, launch_plan
+
+
+def request(schedule, n, d, causal, **kw):
+    return Request(torch.device("cuda"), torch.bfloat16, d, schedule, registry.get(schedule).kernel_mode, False,
+                   n, n, causal, -1, 0 if causal else -1, **kw)
+
+
+def plan_tables(schedule, *, seqlen, head_dim, causal):
+    """What the Hopper backend runs: the launch plan at its tiles, as per-KV-tile tables."""
+    shape = AttentionShape(1, 1, 1, (seqlen,), (seqlen,), False, causal, -1, 0 if causal else -1)
+    plan = launch_plan(shape, schedule, tiles=BACKEND.tiles(request(schedule, seqlen, head_dim, causal)),
+                       device=DeviceProps(132))
+    tables = tables_of(plan.schedule.sequences[0])
+    check_waits_follow_launch(tables)
+    return tables
 
 SEQLENS = (128, 640, 1000, 2048, 8192)
 
@@ -42,7 +57,8 @@ def test_tables_cover_every_visible_pair_once_with_valid_ranks(d, causal, schedu
             per_tile.setdefault(q_tiles[kv][i], []).append(ranks[kv][i])
         assert all(x == -1 for x in q_tiles[kv][counts[kv]:])  # padding
     for q, r in per_tile.items():
-        assert sorted(r) == list(range(len(r))), f"dQ tile {q}: ranks {r}"
+        want_ranks = [-1] * len(r) if schedule == "atomic" else list(range(len(r)))  # atomic: no order
+        assert sorted(r) == want_ranks, f"dQ tile {q}: ranks {r}"
     check_waits_follow_launch(t)
 
 
@@ -77,7 +93,7 @@ def test_a_wait_on_a_later_launch_outside_the_group_is_refused():
 
 def test_causal_symmetric_shift_is_not_for_this_grid():
     with pytest.raises(Unsupported, match="pairs two KV tiles"):
-        visit_tables("shift", seqlen_q=1024, seqlen_k=1024, block_m=64, block_n=128, causal=True)
+        plan_tables("shift", seqlen=1024, head_dim=128, causal=True)
 
 
 @pytest.mark.parametrize("seqlen", (512, 1024, 4096, 16384, 131072))
@@ -94,9 +110,8 @@ def test_cyclic_groups_fit_the_resident_window(seqlen, d):
 
 
 def test_requests_the_backend_does_not_run_say_why():
-    q = torch.zeros(1, 64, 2, 128)
-    why = hopper.unsupported_reason(q, q, varlen=False, causal=True, window_left=-1, window_right=0,
-                                    softcap=0.0, dropout_p=0.0, schedule="descending")
-    assert why == "needs an sm90 (Hopper) GPU"
+    assert BACKEND.supports(request("descending", 1024, 128, True)) == "needs an sm90 (Hopper) GPU"
     with pytest.raises(ValueError, match="head_dim=32"):
         bwd_tiles(32, True)
+    assert BACKEND.tiles(request("shift", 2048, 128, False)) == (80, 128, cyclic_group_size(2048, 128, 2))
+    assert BACKEND.tiles(request("descending", 2048, 64, True)).group_size is None

@@ -13,7 +13,7 @@ LAYERS = [
     ("config", ("dash_plugin.config", "dash_plugin.checks")),
     ("plan", ("dash_plugin.dispatch", "dash_plugin.schedules")),
     ("backend", ("dash_plugin.kernels.backends", "dash_plugin.kernels.reference_backend",
-                 "dash_plugin.kernels.triton_backend")),
+                 "dash_plugin.kernels.triton_backend", "dash_plugin.kernels.hopper_backend")),
     ("kernel", ("dash_plugin.kernels",)),
 ]
 

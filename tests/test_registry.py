@@ -20,7 +20,9 @@ def test_builtin_entries():
                      "shift": "ordered", "split": "split"}
     assert [s.name for s in registry.specs() if s.ordered] == ["ascending", "spt", "descending", "shift"]
     assert [s.name for s in registry.specs() if s.reduction_free] == ["split"]
-    assert all(s.backends == ("reference", "triton") for s in registry.specs())
+    assert {s.name: s.backends for s in registry.specs()} == {
+        **{n: ("reference", "triton", "hopper") for n in ("atomic", "ascending", "spt", "descending", "shift")},
+        "split": ("reference", "triton")}
     assert dash_plugin.SCHEDULES == {"auto": registry.AUTO_DESCRIPTION,
                                      **{s.name: s.description for s in registry.specs()}}
     assert dash_plugin.DETERMINISTIC_SCHEDULES == registry.names(deterministic=True)

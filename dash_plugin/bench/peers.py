@@ -87,7 +87,7 @@ def _dash_probe() -> Optional[str]:
     return None
 
 
-def _dash_build(schedule: str):
+def _dash_build(schedule: str, backend: str = "auto"):
     deterministic = schedule == registry.AUTO or registry.get(schedule).deterministic
 
     def build(point: Point, device: torch.device):
@@ -95,7 +95,7 @@ def _dash_build(schedule: str):
 
         def fn(q, k, v):
             return first_output(flash_attention(q, k, v, causal=point.causal, schedule=schedule,
-                                                deterministic=deterministic))
+                                                deterministic=deterministic, backend=backend))
         return fn
     return build
 
@@ -115,16 +115,35 @@ def _dash_call_info(q: torch.Tensor) -> dict:
     return info
 
 
+def _hopper_probe() -> Optional[str]:
+    from dash_plugin.kernels import hopper
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return "needs an sm90 (Hopper) GPU"
+    return None if hopper.available() else "the hopper extra (flash-attn-4, nvidia-cutlass-dsl) is not installed"
+
+
+# Columns per schedule: `dash-<schedule>` lets `auto` pick the backend; `dash-<backend>-<schedule>`
+# names it, so one run compares the backends side by side.
+BACKEND_COLUMNS = ("triton", "hopper")
+
+
 def _dash_impls() -> list[Impl]:
     impls = []
-    for schedule in DASH_SCHEDULES:
-        det = schedule == registry.AUTO or registry.get(schedule).deterministic
-        what = ("forward + atomic (non-deterministic) backward" if not det
-                else f"forward + deterministic backward, schedule '{schedule}'")
-        impls.append(Impl(name=f"dash-{schedule}", family="dash", description=f"dash_plugin {what}",
-                          layout="bshd", build=_dash_build(schedule), devices=("cuda", "cpu"),
-                          claims_deterministic=det, schedule=schedule, probe=_dash_probe,
-                          call_info=_dash_call_info))
+    for backend in (registry.AUTO,) + BACKEND_COLUMNS:
+        for schedule in DASH_SCHEDULES:
+            if backend != registry.AUTO and schedule != registry.AUTO and backend not in registry.get(schedule).backends:
+                continue
+            det = schedule == registry.AUTO or registry.get(schedule).deterministic
+            what = ("forward + atomic (non-deterministic) backward" if not det
+                    else f"forward + deterministic backward, schedule '{schedule}'")
+            prefix = "dash" if backend == registry.AUTO else f"dash-{backend}"
+            impls.append(Impl(name=f"{prefix}-{schedule}", family="dash",
+                              description=f"dash_plugin {what}, backend {backend}",
+                              layout="bshd", build=_dash_build(schedule, backend),
+                              devices=("cuda", "cpu") if backend == registry.AUTO else ("cuda",),
+                              claims_deterministic=det, schedule=schedule,
+                              probe=_hopper_probe if backend == "hopper" else _dash_probe,
+                              call_info=_dash_call_info, tags={"backend": backend}))
     return impls
 
 

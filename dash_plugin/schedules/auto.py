@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from . import auto_table, registry
+from . import auto_table, auto_table_hopper, registry
 
 _KEYS = {"mask", "head_dim_max", "seqlen_max", "equal_lengths", "varlen", "schedule", "source"}
 
 
-@lru_cache(maxsize=1)
-def load_rules() -> tuple[dict, ...]:
-    rules = auto_table.RULES
+# Backends with rules of their own, tried before the generic ones (auto_table.py).
+_BACKEND_RULES = {"hopper": auto_table_hopper.RULES}
+
+
+@lru_cache(maxsize=None)
+def load_rules(backend: str = "triton") -> tuple[dict, ...]:
+    rules = list(_BACKEND_RULES.get(backend, ())) + list(auto_table.RULES)
     for k, rule in enumerate(rules):
         unknown = set(rule) - _KEYS
         if unknown:
@@ -43,8 +47,10 @@ def mask_kind(causal: bool, window_left: int, window_right: int) -> str:
 
 
 def choose_schedule(*, causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int,
-                    window_left: int = -1, window_right: int = -1, varlen: bool = False) -> str:
-    """A concrete deterministic schedule (ascending, spt, descending, shift or split) for this shape."""
+                    window_left: int = -1, window_right: int = -1, varlen: bool = False,
+                    backend: str = "triton") -> str:
+    """A concrete deterministic schedule for this shape on `backend` (whose kernels decide which
+    order is fastest: the Hopper backend has rules of its own)."""
     for name, v, least in (("head_dim", head_dim, 1), ("seqlen_q", seqlen_q, 0),
                            ("seqlen_k", seqlen_k, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < least:
@@ -54,7 +60,7 @@ def choose_schedule(*, causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int
         raise ValueError(f"choose_schedule: causal=True needs window_right 0 or -1, got {window_right}")
     kind = mask_kind(causal, window_left, window_right)
     seqlen = max(seqlen_q, seqlen_k)
-    for rule in load_rules():
+    for rule in load_rules(backend):
         if rule["mask"] != kind:
             continue
         if rule.get("head_dim_max") is not None and head_dim > rule["head_dim_max"]:

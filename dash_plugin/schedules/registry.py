@@ -30,6 +30,7 @@ AUTO_DESCRIPTION = ("picks a deterministic schedule per shape from a fixed, comm
                     "(never a timing taken at run time)")
 
 BUILTIN_BACKENDS = ("reference", "triton")
+WITH_HOPPER = BUILTIN_BACKENDS + ("hopper",)   # the KV-stationary schedules the Hopper kernel runs
 
 
 @dataclass(frozen=True)
@@ -104,16 +105,16 @@ def check_call(schedule, deterministic: bool, where: str) -> ScheduleSpec:
 
 for _spec in (
     ScheduleSpec("atomic", "atomic adds of dQ partials: the fastest reference point, NOT deterministic",
-                 False, ATOMIC, builders.build_atomic),
+                 False, ATOMIC, builders.build_atomic, WITH_HOPPER),
     ScheduleSpec("ascending", "FA3's deterministic baseline: Q tiles ascending, dQ adds in KV order",
-                 True, ORDERED, builders.build_ascending),
+                 True, ORDERED, builders.build_ascending, WITH_HOPPER),
     ScheduleSpec("spt", "FA3/FA4 causal order: Q tiles ascending, dQ adds in descending KV order "
-                 "(shortest wait first)", True, ORDERED, builders.build_spt),
+                 "(shortest wait first)", True, ORDERED, builders.build_spt, WITH_HOPPER),
     ScheduleSpec("descending", "DASH: Q tiles visited in descending order, so short causal columns finish "
-                 "early; dQ adds in KV order", True, ORDERED, builders.build_descending),
+                 "early; dQ adds in KV order", True, ORDERED, builders.build_descending, WITH_HOPPER),
     ScheduleSpec("shift", "DASH: cyclic shift of the Q-tile order inside groups of KV tiles, so no two "
                  "writers want one dQ tile at once (symmetric KV-tile pairs for causal)",
-                 True, ORDERED, builders.build_shift),
+                 True, ORDERED, builders.build_shift, WITH_HOPPER),
     ScheduleSpec("split", "no cross-program reduction: dQ recomputed by Q-stationary programs "
                  "(7 matrix products instead of 5)", True, SPLIT, builders.build_split),
 ):

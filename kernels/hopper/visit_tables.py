@@ -8,16 +8,15 @@ KV tile visits, which ones in what order, and the rank of each dQ add.
 The CTAs are launched KV tile by KV tile, either from the first tile up or from the last one
 down. A schedule runs here only if that launch order agrees with its ranks: every wait must
 point at a KV tile launched earlier, or at one of the same co-resident group (cyclic shift).
-Pure Python and torch: everything in this module is tested on the CPU.
+Pure Python and torch: everything in this module is tested on the CPU. It reads the plan's
+schedule of one sequence (`dash_plugin.schedules.SequenceSchedule`) by its fields and imports
+nothing above the kernel layer.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
-
-from dash_plugin.schedules import build_schedule
 
 
 class Unsupported(ValueError):
@@ -73,17 +72,12 @@ def _launch_direction(kv_of_worker: list[int], n: int) -> bool:
                       "neither ascending nor descending")
 
 
-@lru_cache(maxsize=128)
-def visit_tables(schedule: str, *, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int,
-                 causal: bool, group_size: int | None = None) -> VisitTables:
-    """Tables for a dense batch (every sequence has these lengths). Cached; do not modify."""
-    sched = build_schedule(schedule, seqlens_q=[seqlen_q], seqlens_k=[seqlen_k], block_m=block_m,
-                           block_n=block_n, causal=causal, group_size=group_size)
-    seq = sched.sequences[0]
+def tables_of(seq) -> VisitTables:
+    """Per-KV-tile tables of one sequence's schedule (`seq`: the launch plan's SequenceSchedule)."""
     n = seq.geometry.num_kv_tiles
     if any(len(w.segments) != 1 for w in seq.workers):
-        raise Unsupported(f"schedule {schedule!r} ({seq.variant}) pairs two KV tiles in one "
-                          "worker; the Hopper kernel runs one KV tile per CTA")
+        raise Unsupported(f"schedule variant {seq.variant!r} pairs two KV tiles in one worker; the "
+                          "Hopper kernel runs one KV tile per CTA")
     kv_descending = _launch_direction([w.segments[0].kv for w in seq.workers], n)
     steps = max([1] + [w.num_steps for w in seq.workers])
     count = torch.zeros(n, dtype=torch.int32)
@@ -110,8 +104,10 @@ def _is_closed_form(seq, kv_descending: bool) -> bool:
     for w in seq.workers:
         seg = w.segments[0]
         lo, hi = geo.kv_range[seg.kv]
-        if list(seg.q_tiles) != list(range(lo, hi + 1)) or seg.ranks is None:
+        if list(seg.q_tiles) != list(range(lo, hi + 1)):
             return False
+        if seg.ranks is None:  # atomic: adds in arrival order, no ranks to compute
+            continue
         want = [geo.q_range[m][1] - seg.kv if kv_descending else seg.kv for m in seg.q_tiles]
         if list(seg.ranks) != want:
             return False
@@ -119,6 +115,8 @@ def _is_closed_form(seq, kv_descending: bool) -> bool:
 
 
 def check_waits_follow_launch(tables: VisitTables) -> None:
+    if tables.rank.numel() and int(tables.rank.max()) < 0:  # atomic: nobody waits
+        return
     """Every dQ add waits only for KV tiles launched before it or inside its own group, so a
     grid dispatched in launch order can always make progress (see docs/INTERNALS.md)."""
     counts, q_tiles, ranks = (t.tolist() for t in (tables.count, tables.q_tile, tables.rank))

@@ -1,0 +1,74 @@
+"""The Hopper backend: the warp-specialised sm90 backward of kernels/hopper, run from a launch
+plan (docs/hopper-backend.md). The forward is the Triton forward, whose LSE it reads.
+
+It covers dense batches with equal lengths, causal or full masks, head dims 64/96/128 in
+fp16/bf16, without softcap, window or dropout; `supports` names what else is missing, and the
+`auto` rule then takes the Triton backend.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import NamedTuple
+
+import torch
+
+from . import hopper
+from .backends import DeviceProps
+
+
+class HopperTiles(NamedTuple):
+    block_m: int
+    block_n: int
+    group_size: int | None   # the largest cyclic group this grid keeps co-resident (shift only)
+
+
+class HopperBackend:
+    name = "hopper"
+
+    def __init__(self):
+        self._tables = weakref.WeakKeyDictionary()   # plan -> its per-KV-tile tables
+
+    def supports(self, r) -> bool | str:
+        if (r.device_type != "cuda" or not torch.cuda.is_available()
+                or torch.cuda.get_device_capability(r.device)[0] != 9):
+            return "needs an sm90 (Hopper) GPU"
+        if not hopper.available():
+            return "flash-attn-4 and nvidia-cutlass-dsl are not installed (pip install 'dash_plugin[hopper]')"
+        if r.kernel_mode not in (None, "ordered", "atomic"):
+            return f"kernel mode {r.kernel_mode!r} runs on the Triton backend"
+        if r.dtype not in (torch.float16, torch.bfloat16):
+            return f"dtype {r.dtype} (this backend: float16, bfloat16)"
+        if r.head_dim not in hopper.HEAD_DIMS:
+            return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
+        for missing, what in ((r.varlen, "varlen"), (r.seqlen_q != r.seqlen_k, "seqlen_q != seqlen_k"),
+                              (r.window_left >= 0 or (r.window_right >= 0 and not r.causal), "sliding window"),
+                              (r.softcap, "softcap"), (r.dropout, "dropout"),
+                              (r.causal and r.schedule == "shift", "the causal symmetric shift (two KV tiles per worker)")):
+            if missing:
+                return f"{what} runs on the Triton backend"
+        return True
+
+    def tiles(self, r) -> HopperTiles:
+        block_m, block_n = hopper.bwd_tiles(r.head_dim, r.causal)
+        group = hopper.cyclic_group_size(r.seqlen_q, r.head_dim, r.dtype.itemsize) if r.schedule == "shift" else None
+        return HopperTiles(block_m, block_n, group)
+
+    def device_props(self, device) -> DeviceProps:
+        # One CTA per SM (the kernel's shared memory allows no second), dispatched in launch order.
+        return DeviceProps(torch.cuda.get_device_properties(device).multi_processor_count, concurrent=True)
+
+    def forward(self, q, k, v, **kw):
+        from . import attn_fwd
+        return attn_fwd.attention_forward(q, k, v, **kw)
+
+    def backward(self, plan, dout, q, k, v, out, lse, *, softmax_scale, causal=False, **_unused):
+        tables = self._tables.get(plan)
+        if tables is None:
+            tables = hopper.tables_of(plan.schedule.sequences[0])
+            hopper.check_waits_follow_launch(tables)
+            self._tables[plan] = tables
+        return hopper.attention_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
+                                         tables=tables, deterministic=plan.spec.deterministic)
+
+
+BACKEND = HopperBackend()
