@@ -1,5 +1,5 @@
 """The Hopper backend: the warp-specialised sm90 backward of kernels/hopper, run from a launch
-plan (docs/hopper-backend.md). The forward is the Triton forward, whose LSE it reads.
+plan, and the sm90 forward (docs/hopper-backend.md).
 
 It covers dense batches with equal lengths, causal or full masks, head dims 64/96/128 in
 fp16/bf16, without softcap, window or dropout; `supports` names what else is missing, and the
@@ -57,9 +57,8 @@ class HopperBackend:
         # One CTA per SM (the kernel's shared memory allows no second), dispatched in launch order.
         return DeviceProps(torch.cuda.get_device_properties(device).multi_processor_count, concurrent=True)
 
-    def forward(self, q, k, v, **kw):
-        from . import attn_fwd
-        return attn_fwd.attention_forward(q, k, v, **kw)
+    def forward(self, q, k, v, *, softmax_scale, causal=False, **_unused):
+        return hopper.attention_forward(q, k, v, softmax_scale=softmax_scale, causal=causal)
 
     def backward(self, plan, dout, q, k, v, out, lse, *, softmax_scale, causal=False, **_unused):
         tables = self._tables.get(plan)

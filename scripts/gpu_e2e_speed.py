@@ -4,7 +4,9 @@ process, with the attention as a user would pick it:
     dash_det         dash, deterministic (schedule auto), under torch.use_deterministic_algorithms(True) and the
                      rest of setup_deterministic_training: the reproducible set-up of the training example
     dash_det_noflag  the same kernels with the torch flag off (isolates what the attention schedule costs)
+    dash_triton_det  dash_det with the backend pinned to Triton (the kernels before the Hopper backend)
     dash_atomic      dash with deterministic=False (atomic dQ adds), torch flag off
+    fa4_det          FA4's deterministic attention (flash-attn-4, when importable) under the example's set-up
     sdpa_cudnn       SDPA forced to the cuDNN backend (non-deterministic), torch flag off
     sdpa_det         SDPA under torch.use_deterministic_algorithms(True) (SDPA picks the backend; recorded)
 
@@ -55,7 +57,9 @@ VARIANTS = {
     # name: (label, attn_implementation, torch deterministic flag)
     "dash_det": ("dash deterministic (auto), torch det. flag on (the example's set-up)", "dash", True),
     "dash_det_noflag": ("dash deterministic (auto), torch det. flag off", "dash", False),
+    "dash_triton_det": ("dash deterministic (auto) on the Triton backend, torch det. flag on", "dash", True),
     "dash_atomic": ("dash atomic (deterministic=False)", "dash", False),
+    "fa4_det": ("FA4 (flash_attn.cute) deterministic, torch det. flag on", "fa4_det", True),
     "sdpa_cudnn": ("SDPA cuDNN backend (non-deterministic)", "sdpa", False),
     "sdpa_det": ("SDPA under torch.use_deterministic_algorithms(True)", "sdpa", True),
 }
@@ -138,8 +142,29 @@ def configure_dash(variant: str) -> None:
     dash_plugin.reset_config()
     if variant in ("dash_det", "dash_det_noflag"):
         dash_plugin.configure(schedule="auto", deterministic=True)
+    elif variant == "dash_triton_det":
+        dash_plugin.configure(schedule="auto", deterministic=True, backend="triton")
     elif variant == "dash_atomic":
         dash_plugin.configure(schedule="atomic", deterministic=False)
+
+
+def register_fa4_det() -> str | None:
+    """attn_implementation="fa4_det": FA4's attention with deterministic=True, for the side-by-side
+    (the training batches have no padding, so the causal mask is all a layer needs). Returns why
+    it is unavailable, or None."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as exc:  # noqa: BLE001
+        return f"flash-attn-4 not importable ({exc!r})"
+    import transformers
+
+    def fa4_det(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        out = flash_attn_func(q, k, v, softmax_scale=scaling, causal=True, deterministic=True)
+        return (out[0] if isinstance(out, tuple) else out), None
+
+    transformers.AttentionInterface.register("fa4_det", fa4_det)
+    return None
 
 
 def probe_cudnn(device, heads: int, kv_heads: int, head_dim: int) -> tuple[str | None, bool, str]:
@@ -411,6 +436,11 @@ def main(argv=None) -> int:
         if "sdpa_cudnn" in args.variants else (None, False, "")
     if cudnn_note:
         notes.append(f"sdpa_cudnn: {cudnn_note}")
+    if "fa4_det" in args.variants:
+        fa4_reason = register_fa4_det()
+        if fa4_reason:
+            notes.append(f"fa4_det: {fa4_reason}")
+            args.variants = [v for v in args.variants if v != "fa4_det"]
     if device.type == "cpu":
         notes.append("CPU run: a pipeline check, not a speed figure (dash runs its reference path, SDPA its CPU "
                      "kernels, no autocast)")

@@ -1,5 +1,6 @@
-"""The Hopper-native backward kernel (sm90) and its view of a launch plan; the backend that
-offers it to dash_plugin is kernels/hopper_backend.py (docs/hopper-backend.md).
+"""The Hopper-native kernels (sm90): the ordered backward, its view of a launch plan, and the
+forward; the backend that offers them to dash_plugin is kernels/hopper_backend.py
+(docs/hopper-backend.md).
 
 `attention_backward` imports the CuTe DSL code on first use, so this package imports on any
 machine and the CPU tests check its tables.
@@ -20,6 +21,17 @@ def available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("cutlass", "flash_attn"))
 
 
+def attention_forward(q, k, v, *, softmax_scale: float, causal: bool):
+    """(out, lse) of dense (B, S, H, D) fp16/bf16 inputs: FA4's sm90 forward kernel (warp-specialised,
+    TMA loads, `wgmma`, softmax overlapped with the next tile's products), called as a library. No
+    split-KV combine, so the output does not depend on timing; lse is the natural-log (B, H, S) fp32
+    that the backward reads."""
+    from flash_attn.cute.interface import _flash_attn_fwd
+    out, lse = _flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, num_splits=1,
+                               return_lse=True)[:2]
+    return out, lse
+
+
 def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal: bool,
                        tables: VisitTables, deterministic: bool):
     """(dq, dk, dv) of dense (B, S, H, D) fp16/bf16 inputs, in the order of `tables`."""
@@ -28,5 +40,6 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
                                        causal=causal, tables=tables, deterministic=deterministic)
 
 
-__all__ = ["HEAD_DIMS", "RESIDENT_SLOTS", "Unsupported", "VisitTables", "attention_backward", "available",
+__all__ = ["HEAD_DIMS", "RESIDENT_SLOTS", "Unsupported", "VisitTables", "attention_backward", "attention_forward",
+           "available",
            "bwd_tiles", "check_waits_follow_launch", "cyclic_group_size", "heads_per_l2_section", "tables_of"]
