@@ -159,7 +159,9 @@ def register_fa4_det() -> str | None:
     import transformers
 
     def fa4_det(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+        # Under autocast the rotary embedding hands over fp32 q/k beside a bf16 v; FA4 wants one dtype.
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else value.dtype
+        q, k, v = (t.transpose(1, 2).to(dtype) for t in (query, key, value))
         out = flash_attn_func(q, k, v, softmax_scale=scaling, causal=True, deterministic=True)
         return (out[0] if isinstance(out, tuple) else out), None
 
