@@ -314,10 +314,10 @@ def backend_of(ops: list[str]) -> str:
     for key, name in (("dash.fwd", None), ("cudnn_attention", "cuDNN"), ("flash_attention_for_cpu", "CPU flash"),
                       ("_flash_attention", "flash (FA2)"), ("efficient_attention", "memory-efficient")):
         if key in joined:
-            if name is None:
-                return "dash " + ("triton" if "(triton)" in joined else "reference")
+            if name is None:   # the backend that ran is in the notes (last_resolved)
+                return "dash"
             return name
-    return "math/decomposed (no fused attention op seen)" if ops == [] else ", ".join(ops)
+    return "no torch attention op seen (math/decomposed, or FA4's own launches)" if ops == [] else ", ".join(ops)
 
 
 def summarize(cell: dict, tokens: int, flops_per_token: float, peak_flops) -> dict:
