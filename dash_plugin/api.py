@@ -43,6 +43,11 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     checks.check_tensors(q, k, v, varlen)
     left, right = checks.check_window(window, causal)
     checks.check_scalars(softcap, dropout_p, softmax_scale)
+    if dropout_seed is not None:
+        dropout_seed = checks.check_int("dropout_seed", dropout_seed, 0)
+    for name, given in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if given is not None:
+            checks.check_int(name, given, 0)
     if varlen:
         if cu_seqlens_q is None or cu_seqlens_k is None:
             raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen), or neither (dense)")
@@ -69,7 +74,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     seed = 0
     if dropout_p > 0:
-        seed = _draw_seed() if dropout_seed is None else int(dropout_seed)
+        seed = _draw_seed() if dropout_seed is None else dropout_seed
     # Kernels need the head dim contiguous; other strides they take as they are.
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out, lse = ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,

@@ -11,6 +11,7 @@ is fp32 (fp64 for fp64 inputs) with one rounding to the input dtype at the end.
 import torch
 
 from .philox import dropout_keep_mask
+from .varlen import seqlens_of
 
 BLOCK_Q = 128
 
@@ -37,10 +38,15 @@ def _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
         for b in range(q.shape[0]):
             yield b, slice(None), slice(None)
         return
-    starts_q = cu_seqlens_q.tolist()
-    starts_k = cu_seqlens_k.tolist()
-    for b in range(len(starts_q) - 1):
-        yield b, slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
+    lens_q = seqlens_of(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    lens_k = seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    if len(lens_q) != len(lens_k):
+        raise ValueError(f"cu_seqlens_q has {len(lens_q) + 1} entries, cu_seqlens_k {len(lens_k) + 1}; "
+                         "both must be (batch + 1,)")
+    start_q = start_k = 0
+    for b, (n_q, n_k) in enumerate(zip(lens_q, lens_k)):
+        yield b, slice(start_q, start_q + n_q), slice(start_k, start_k + n_k)
+        start_q, start_k = start_q + n_q, start_k + n_k
 
 
 def _pick(t, b, sl, varlen):

@@ -61,7 +61,7 @@ def test_non_contiguous_inputs():
 BAD = [
     (dict(q=torch.randn(2, 8, 4, 32, dtype=torch.float16)), TypeError, "share one dtype"),
     (dict(q=torch.randn(2, 8, 4, 32).int()), TypeError, r"q.dtype=torch.int32 is not supported"),
-    (dict(q=torch.randn(2, 8, 4, 16), k=torch.randn(2, 8, 2, 16), v=torch.randn(2, 8, 2, 16)), ValueError, r"head_dim=16 .* allowed: 32..256"),
+    (dict(q=torch.randn(2, 8, 4, 0), k=torch.randn(2, 8, 2, 0), v=torch.randn(2, 8, 2, 0)), ValueError, r"head_dim=0 .* allowed: 1..256"),
     (dict(q=torch.randn(2, 8, 4, 300), k=torch.randn(2, 8, 2, 300), v=torch.randn(2, 8, 2, 300)), ValueError, r"head_dim=300"),
     (dict(q=torch.randn(2, 8, 3, 32)), ValueError, r"query heads \(3\) must be a multiple of key/value heads \(2\)"),
     (dict(q=torch.randn(3, 8, 4, 32)), ValueError, "same batch size"),
@@ -73,6 +73,17 @@ BAD = [
     (dict(softcap=-1.0), ValueError, "softcap=-1.0"),
     (dict(dropout_p=1.0), ValueError, r"dropout_p=1.0 must be in \[0, 1\)"),
     (dict(softmax_scale=0), ValueError, "softmax_scale=0"),
+    (dict(softcap=float("nan")), ValueError, r"softcap=nan must be a finite number >= 0"),
+    (dict(softcap=float("inf")), ValueError, r"softcap=inf must be a finite number >= 0"),
+    (dict(softmax_scale=float("nan")), ValueError, r"softmax_scale=nan must be a finite number > 0"),
+    (dict(softmax_scale=float("inf")), ValueError, r"softmax_scale=inf must be a finite number > 0"),
+    (dict(softcap="1"), ValueError, r"softcap='1' must be a finite number >= 0"),
+    (dict(window=(2 ** 63, -1)), ValueError, r"window=\(9223372036854775808, -1\): each side must be an int in -1..2\*\*63-1"),
+    (dict(window=(4, True)), ValueError, r"window=\(4, True\) must be a pair of ints"),
+    (dict(dropout_p=0.1, dropout_seed=2 ** 63), ValueError, r"dropout_seed=9223372036854775808 must be an int in 0..2\*\*63-1"),
+    (dict(dropout_p=0.1, dropout_seed=-1), ValueError, r"dropout_seed=-1 must be an int in 0..2\*\*63-1"),
+    (dict(dropout_p=0.1, dropout_seed="3"), ValueError, r"dropout_seed='3' must be an int in 0..2\*\*63-1"),
+    (dict(q=torch.randn(2, 8, 4, 32, device="meta")), ValueError, r"q is on the meta device"),
     (dict(schedule="fastest"), ValueError, "schedule='fastest'.*allowed: auto, atomic"),
     (dict(schedule="atomic", deterministic=True), ValueError, "not deterministic"),
 ]
@@ -85,6 +96,22 @@ def test_bad_input_errors_name_argument_value_and_allowed(kwargs, exc, match):
     args.update(kwargs)
     with pytest.raises(exc, match=match):
         dash_plugin.flash_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def test_meta_and_nested_tensors_are_refused_clearly():
+    meta = torch.randn(2, 8, 4, 32, device="meta")
+    with pytest.raises(ValueError, match=r"q is on the meta device.*allowed: devices with data"):
+        dash_plugin.flash_attention(meta, meta[:, :, :2], meta[:, :, :2])
+    nested = torch.nested.nested_tensor([torch.randn(3, 2, 32), torch.randn(5, 2, 32)], layout=torch.jagged)
+    with pytest.raises(ValueError, match=r"q is a nested tensor.*cu_seqlens"):
+        dash_plugin.flash_attention(nested, nested, nested)
+
+
+@pytest.mark.parametrize("name", ["max_seqlen_q", "max_seqlen_k"])
+@pytest.mark.parametrize("bad", ["6", 6.0, 2 ** 63, True])
+def test_max_seqlen_must_be_an_int(name, bad):
+    with pytest.raises(ValueError, match=rf"{name}={bad!r} must be an int"):
+        _varlen(torch.tensor([0, 4, 10], dtype=torch.int32), **{name: bad})
 
 
 def _varlen(cu_q, cu_k=None, **kw):

@@ -60,6 +60,10 @@ def test_api_function_and_the_ops_registered_autograd_give_the_same_bits(varlen)
     (dict(schedule="atomic"), "not deterministic but deterministic=True"),
     (dict(dropout_p=1.5), "dropout_p=1.5"),
     (dict(softmax_scale=-0.2), "softmax_scale=-0.2"),
+    (dict(softmax_scale=float("nan")), "softmax_scale=nan"),
+    (dict(softmax_scale=float("inf")), "softmax_scale=inf"),
+    (dict(softcap=float("nan")), "softcap=nan"),
+    (dict(softcap=float("inf")), "softcap=inf"),
     (dict(window_left=-3), "window_left=-3"),
     (dict(window_right=4), "causal=True with window_right=4"),
     (dict(cu_seqlens_q=torch.tensor([0, 12], dtype=torch.int32)), "given together"),
@@ -79,6 +83,31 @@ def test_ops_refuse_bad_input_with_the_argument_named(change, message):
         torch.ops.dash.bwd(torch.randn_like(out), q, k, v, out, lse[:, :, :5], *rest)
     with pytest.raises(ValueError, match="dout is"):
         torch.ops.dash.bwd(torch.randn(2, 12, 4, 16), q, k, v, out, lse, *rest)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("which", ["cu_seqlens_q", "cu_seqlens_k"])
+@pytest.mark.parametrize("cu, message", [
+    ([0, 7, 4], "must start at 0 and never decrease"),
+    ([0, 7, 50], r"\[-1\]=50 must equal the number of tokens \(12\)"),
+    ([0, 5, 9], r"\[-1\]=9 must equal the number of tokens \(12\)"),
+    ([2, 5, 12], "must start at 0"),
+])
+def test_ops_check_the_cu_seqlens_they_read(backend, which, cu, message):
+    """Callers of torch.ops.dash.* skip the API: each op reads cu_seqlens once and refuses contents
+    that would read or write outside the packed tensors (the reference forward returned
+    uninitialised memory, its backward NaN gradients)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(12, 2, 32, generator=g) for _ in range(3))
+    good = torch.tensor([0, 5, 12], dtype=torch.int32)
+    cus = dict(cu_seqlens_q=good, cu_seqlens_k=good)
+    rest = (12, 12, 0.2, True, -1, 0, 0.0, 0.0, 0, "ascending", True, backend)
+    out, lse = torch.ops.dash.fwd(q, k, v, good, good, *rest)
+    cus[which] = torch.tensor(cu, dtype=torch.int32)
+    with pytest.raises(ValueError, match=which + r".*" + message):
+        torch.ops.dash.fwd(q, k, v, cus["cu_seqlens_q"], cus["cu_seqlens_k"], *rest)
+    with pytest.raises(ValueError, match=which + r".*" + message):
+        torch.ops.dash.bwd(torch.ones_like(out), q, k, v, out, lse, cus["cu_seqlens_q"], cus["cu_seqlens_k"], *rest)
 
 
 def test_deterministic_false_with_a_deterministic_schedule_runs():
