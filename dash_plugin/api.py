@@ -45,19 +45,8 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     checks.check_scalars(softcap, dropout_p, softmax_scale)
     if dropout_seed is not None:
         dropout_seed = checks.check_int("dropout_seed", dropout_seed, 0)
-    for name, given in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if given is not None:
-            checks.check_int(name, given, 0)
     if varlen:
-        if cu_seqlens_q is None or cu_seqlens_k is None:
-            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen), or neither (dense)")
-        longest_q = checks.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
-        longest_k = checks.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch=cu_seqlens_q.numel() - 1)
-        for name, given, longest in (("max_seqlen_q", max_seqlen_q, longest_q), ("max_seqlen_k", max_seqlen_k, longest_k)):
-            if given is not None and given < longest:
-                raise ValueError(f"{name}={given} is smaller than the longest sequence ({longest})")
-        max_seqlen_q = longest_q if max_seqlen_q is None else int(max_seqlen_q)
-        max_seqlen_k = longest_k if max_seqlen_k is None else int(max_seqlen_k)
+        max_seqlen_q, max_seqlen_k = checks.check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     else:
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
 

@@ -78,7 +78,7 @@ def check_tensors(q, k, v, varlen: bool):
                          f"got q={_shape(q)}, k={_shape(k)}")
 
 
-def check_cu_seqlens(name, cu, total, batch=None):
+def _check_cu_seqlens_layout(name, cu, batch=None):
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
@@ -87,7 +87,32 @@ def check_cu_seqlens(name, cu, total, batch=None):
         raise ValueError(f"{name} has shape {_shape(cu)}; expected (batch + 1,) with batch >= 1")
     if batch is not None and cu.numel() != batch + 1:
         raise ValueError(f"{name} has {cu.numel()} entries but cu_seqlens_q has {batch + 1}; both must be (batch + 1,)")
-    return max(seqlens_of(cu, total, name))  # one small host copy: a broken cu_seqlens would read out of bounds
+
+
+def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """(max_seqlen_q, max_seqlen_k) of a varlen call: the given ones, checked against the longest
+    sequences, or the longest ones. The offsets are read (one small host copy) and checked, except
+    under torch.compile, where reading them would break the graph: there max_seqlen_q/k must be
+    given, and the op checks the offsets when it runs (it reads them through the same check)."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen), or neither (dense)")
+    _check_cu_seqlens_layout("cu_seqlens_q", cu_seqlens_q)
+    _check_cu_seqlens_layout("cu_seqlens_k", cu_seqlens_k, batch=cu_seqlens_q.numel() - 1)
+    given = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k}
+    for name, value in given.items():
+        if value is not None:
+            given[name] = check_int(name, value, 0)
+    if torch.compiler.is_compiling():
+        if None in given.values():
+            raise ValueError("varlen: under torch.compile pass max_seqlen_q and max_seqlen_k; reading them from "
+                             "cu_seqlens would break the graph (the op checks cu_seqlens when it runs)")
+        return given["max_seqlen_q"], given["max_seqlen_k"]
+    longest = {"max_seqlen_q": max(seqlens_of(cu_seqlens_q, q.shape[0], "cu_seqlens_q")),
+               "max_seqlen_k": max(seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k"))}
+    for name, value in given.items():
+        if value is not None and value < longest[name]:
+            raise ValueError(f"{name}={value} is smaller than the longest sequence ({longest[name]})")
+    return tuple(longest[name] if value is None else value for name, value in given.items())
 
 
 def check_window(window, causal):

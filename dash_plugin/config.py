@@ -201,15 +201,20 @@ def _first(field, kwarg, model_config, check):
     return said[0] if said else (None, "default")
 
 
+@torch.compiler.assume_constant_result   # torch.compile cannot trace warnings.warn: it runs once, when traced
+def _warn(message: str) -> bool:
+    warnings.warn(message, UserWarning, stacklevel=5)
+    return True
+
+
 def _warn_if_turned_off(said):
     """The deciding source turns determinism off while a lower one asked for it: say so."""
     if not said or said[0][0] is not False:
         return
     asked = next((source for value, source in said[1:] if value), None)
     if asked is not None:
-        warnings.warn(f"dash_plugin: deterministic=False (from {said[0][1]}) overrides deterministic=True "
-                      f"(from {asked}): the attention backward may not be bit-reproducible", UserWarning,
-                      stacklevel=4)
+        _warn(f"dash_plugin: deterministic=False (from {said[0][1]}) overrides deterministic=True (from {asked}): "
+              "the attention backward may not be bit-reproducible")
 
 
 def resolve_config(*, schedule=None, deterministic=None, backend=None, model_config=None) -> ResolvedConfig:

@@ -113,7 +113,11 @@ class _Attention(torch.autograd.Function):
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
     """``(out, lse)`` of ``dash::fwd``, differentiable; ``args`` as in the op's schema after
-    cu_seqlens_k. Without gradients it is the op itself (the Function's own cost is not free)."""
+    cu_seqlens_k. Without gradients it is the op itself (the Function's own cost is not free);
+    so it is under torch.compile, which cannot trace a Function given one tensor twice (q, k and
+    v of self-attention, or one cu_seqlens for both) and which has no per-call cost to save."""
+    if torch.compiler.is_compiling():
+        return torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
     return torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)

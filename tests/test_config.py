@@ -233,3 +233,21 @@ def test_no_warning_when_nothing_lower_asked_for_determinism(recwarn):
     resolve_config(deterministic=False)
     resolve_config(schedule="atomic")
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+def test_compiled_calls_follow_the_switch(monkeypatch):
+    """torch.compile(fullgraph=True) traces the switch: the graph is guarded on the thread's
+    dash_config stack (a ContextVar cannot be traced), and the warning is given when traced."""
+    x = torch.randn(1, 8, 2, 16)
+    compiled = torch.compile(lambda x: dash_plugin.flash_attention(x, x, x, causal=True), fullgraph=True)
+    seen = []
+    for context in (dict(schedule="descending"), dict(), dict(schedule="spt")):
+        with dash_plugin.dash_config(**context):
+            compiled(x)
+        seen.append(dash_plugin.last_resolved().schedule)
+    assert seen == ["descending", "auto", "spt"]
+    torch.use_deterministic_algorithms(True)
+    monkeypatch.setenv("DASH_DETERMINISTIC", "0")
+    with pytest.warns(UserWarning, match=r"deterministic=False \(from env DASH_DETERMINISTIC\) overrides"):
+        compiled(x)
+    assert dash_plugin.last_resolved().deterministic is False

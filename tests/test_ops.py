@@ -146,3 +146,51 @@ def test_compiled_training_step_matches_eager():
     torch.testing.assert_close(loss, eager, rtol=1e-6, atol=1e-7)
     for a, b in zip(grads, eager_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def _compiled_matches_eager(step, inputs):
+    eager = step(*inputs)
+    eager_grads = torch.autograd.grad(eager, [t for t in inputs if t.requires_grad])
+    compiled = torch.compile(step, fullgraph=True)
+    loss = compiled(*inputs)
+    grads = torch.autograd.grad(loss, [t for t in inputs if t.requires_grad])
+    assert torch.equal(loss, eager)
+    for a, b in zip(grads, eager_grads):
+        assert torch.equal(a, b)
+
+
+def test_compiled_varlen_matches_eager():
+    """fullgraph=True with cu_seqlens: the API's cu_seqlens checks read the tensor (a graph break),
+    so under compile they are left to the op, which checks what it reads when it runs."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(24, h, 16, generator=g).requires_grad_() for h in (4, 2, 2))
+    cu = torch.tensor([0, 10, 24], dtype=torch.int32)
+
+    def step(q, k, v, cu):
+        return dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=14,
+                                           max_seqlen_k=14, causal=True).square().sum()
+
+    _compiled_matches_eager(step, (q, k, v, cu))
+    bad = torch.tensor([0, 10, 20], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\]=20 must equal the number of tokens \(24\)"):
+        torch.compile(step, fullgraph=True)(q, k, v, bad)
+
+
+def test_compiled_varlen_needs_max_seqlen():
+    cu = torch.tensor([0, 10, 24], dtype=torch.int32)
+    x = torch.randn(24, 2, 16)
+
+    def step(x, cu):
+        return dash_plugin.flash_attention(x, x, x, cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+    with pytest.raises(Exception, match="under torch.compile pass max_seqlen_q and max_seqlen_k"):
+        torch.compile(step, fullgraph=True)(x, cu)
+
+
+def test_compiled_self_attention_with_one_tensor_for_q_k_v_matches_eager():
+    x = torch.randn(2, 12, 2, 16, generator=torch.Generator().manual_seed(0)).requires_grad_()
+
+    def step(x):
+        return dash_plugin.flash_attention(x, x, x, causal=True).square().sum()
+
+    _compiled_matches_eager(step, (x,))
