@@ -140,3 +140,29 @@ def test_varlen_argument_pairing_and_max_seqlen():
         _varlen(cu, max_seqlen_q=3)
     with pytest.raises(ValueError, match="has 2 entries but cu_seqlens_q has 3"):
         _varlen(cu, torch.tensor([0, 10], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_float64_is_float64_accurate_lse_included(varlen):
+    """float64 inputs keep the LSE in float64 (it was rounded to fp32, so the gradients were only
+    fp32-accurate): out, lse and every gradient agree with the float64 math oracle to ~1e-13."""
+    from tests.math_attention import math_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(40, h, 24, generator=g, dtype=torch.float64).requires_grad_() for h in (4, 2, 2))
+    dout = torch.randn(40, 4, 24, generator=g, dtype=torch.float64)
+    want_out, want_lse = math_attention(q, k, v, causal=True, softcap=5.0)
+    want = torch.autograd.grad(want_out, (q, k, v), dout)
+    if varlen:
+        cu = torch.tensor([0, 40], dtype=torch.int32)
+        out, lse = dash_plugin.flash_attention(q, k, v, causal=True, softcap=5.0, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                               return_lse=True)
+    else:
+        out, lse = dash_plugin.flash_attention(q[None], k[None], v[None], causal=True, softcap=5.0, return_lse=True)
+        out, lse = out[0], lse[0]
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    assert lse.dtype == torch.float64
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-13)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=1e-13)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

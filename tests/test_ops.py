@@ -25,6 +25,15 @@ def test_opcheck_forward(varlen, dropout):
     opcheck(torch.ops.dash.fwd.default, _args(varlen, dropout))
 
 
+def test_opcheck_float64_keeps_a_float64_lse():
+    q, k, v, *rest = (t.detach().double().requires_grad_() if isinstance(t, torch.Tensor) else t for t in _args())
+    out, lse = torch.ops.dash.fwd(q, k, v, *rest)
+    assert lse.dtype == torch.float64
+    opcheck(torch.ops.dash.fwd.default, (q, k, v, *rest))
+    opcheck(torch.ops.dash.bwd.default, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(),
+                                         lse, *rest))
+
+
 def test_opcheck_backward():
     q, k, v, *rest = _args()
     out, lse = torch.ops.dash.fwd(q, k, v, *rest)
