@@ -37,7 +37,10 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     Dropout draws its seed from torch's default generator unless ``dropout_seed`` is given.
 
     Returns ``out`` (like ``q``), or ``(out, lse)`` with ``return_lse=True``; ``lse`` is fp32
-    ``(B, H_q, S_q)``, varlen ``(H_q, T_q)``.
+    (fp64 for fp64 inputs) ``(B, H_q, S_q)``, varlen ``(H_q, T_q)``.
+
+    Varlen under ``torch.compile``: pass ``max_seqlen_q`` and ``max_seqlen_k`` (reading them from
+    ``cu_seqlens`` would break the graph); the op checks ``cu_seqlens`` when it runs.
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     checks.check_tensors(q, k, v, varlen)

@@ -30,7 +30,7 @@ _COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidd
 
 # Sliding windows of 4 tokens, with sequences of up to 12, so the window matters.
 CONFIGS = {
-    "llama": lambda: LlamaConfig(**_COMMON),  # GQA: 4 query heads, 2 KV heads (head dim 32: the kernels' minimum)
+    "llama": lambda: LlamaConfig(**_COMMON),  # GQA: 4 query heads, 2 KV heads
     "qwen2": lambda: Qwen2Config(**_COMMON, use_sliding_window=True, sliding_window=4, max_window_layers=1),
     "mistral": lambda: MistralConfig(**_COMMON, sliding_window=4),
     # A small softcap (2.0) so that ignoring it would change the result far beyond tolerance.
