@@ -10,6 +10,8 @@ setup: $(VENV)/.installed
 
 # Without a GPU take the small CPU build of torch (a plain "torch" requirement pulls a
 # multi-GB CUDA build); with one, reuse the system's CUDA torch through system site-packages.
+# The dev extra holds what the tests need: pytest, hypothesis and Triton (whose kernels the tests
+# run in its CPU interpreter; the CPU path itself never imports it).
 $(VENV)/.installed: setup.cfg pyproject.toml
 ifeq ($(HAS_GPU),1)
 	python3 -m venv --system-site-packages $(VENV)

@@ -29,22 +29,19 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     Dropout draws its seed from torch's default generator unless ``dropout_seed`` is given.
 
     Returns ``out`` (like ``q``), or ``(out, lse)`` with ``return_lse=True``; ``lse`` is fp32
-    ``(B, H_q, S_q)``, varlen ``(H_q, T_q)``.
+    (fp64 for fp64 inputs) ``(B, H_q, S_q)``, varlen ``(H_q, T_q)``.
+
+    Varlen under ``torch.compile``: pass ``max_seqlen_q`` and ``max_seqlen_k`` (reading them from
+    ``cu_seqlens`` would break the graph); the op checks ``cu_seqlens`` when it runs.
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     checks.check_tensors(q, k, v, varlen)
     left, right = checks.check_window(window, causal)
     checks.check_scalars(softcap, dropout_p, softmax_scale)
+    if dropout_seed is not None:
+        dropout_seed = checks.check_int("dropout_seed", dropout_seed, 0)
     if varlen:
-        if cu_seqlens_q is None or cu_seqlens_k is None:
-            raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen), or neither (dense)")
-        longest_q = checks.check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.shape[0])
-        longest_k = checks.check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], batch=cu_seqlens_q.numel() - 1)
-        for name, given, longest in (("max_seqlen_q", max_seqlen_q, longest_q), ("max_seqlen_k", max_seqlen_k, longest_k)):
-            if given is not None and given < longest:
-                raise ValueError(f"{name}={given} is smaller than the longest sequence ({longest})")
-        max_seqlen_q = longest_q if max_seqlen_q is None else int(max_seqlen_q)
-        max_seqlen_k = longest_k if max_seqlen_k is None else int(max_seqlen_k)
+        max_seqlen_q, max_seqlen_k = checks.check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     else:
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
 
@@ -61,7 +58,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     seed = 0
     if dropout_p > 0:
-        seed = _draw_seed() if dropout_seed is None else int(dropout_seed)
+        seed = _draw_seed() if dropout_seed is None else dropout_seed
     # Kernels need the head dim contiguous; other strides they take as they are.
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out, lse = ops.attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,

@@ -1,21 +1,57 @@
 """Input checks for the public API and the ``dash::`` ops. Every error names the argument, the value and
 what is allowed."""
+import math
+import numbers
+
 import torch
 
+from .kernels.varlen import seqlens_of
 from .schedules import registry
 
-HEAD_DIM_MIN, HEAD_DIM_MAX = 32, 256
+# Every path takes head dims 1..256: the Triton kernels pad to their minimum (the padding never
+# changes a result), the reference takes any.
+HEAD_DIM_MIN, HEAD_DIM_MAX = 1, 256
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INT64_MAX = 2 ** 63 - 1   # what the ops' int arguments carry
 
 
 def _shape(t):
     return tuple(t.shape)
 
 
+def _bound(value):
+    return "2**63-1" if value == INT64_MAX else str(value)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name, value, low, high=INT64_MAX):
+    """An int in low..high (a symbolic int under torch.compile passes as it is)."""
+    if isinstance(value, torch.SymInt):
+        return value
+    if not _is_int(value) or not low <= value <= high:
+        raise ValueError(f"{name}={value!r} must be an int in {low}..{_bound(high)}")
+    return int(value)
+
+
+def check_head_dim(head_dim):
+    if not HEAD_DIM_MIN <= head_dim <= HEAD_DIM_MAX:
+        raise ValueError(f"head_dim={head_dim} (q.shape[-1]) is out of range; allowed: {HEAD_DIM_MIN}..{HEAD_DIM_MAX}")
+
+
 def check_tensors(q, k, v, varlen: bool):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested:
+            raise ValueError(f"{name} is a nested tensor; allowed: plain tensors. For a batch of sequences of "
+                             "different lengths pass the packed (total_tokens, heads, head_dim) tensor with "
+                             "cu_seqlens_q/k (a jagged nested tensor gives them as .values() and .offsets())")
+        if t.device.type == "meta":
+            raise ValueError(f"{name} is on the meta device, which holds no data; allowed: devices with data "
+                             "(cpu, cuda)")
         if t.dtype not in DTYPES:
             raise TypeError(f"{name}.dtype={t.dtype} is not supported; allowed: float16, bfloat16, "
                             "float32 and float64 (the last two run on the reference path)")
@@ -35,15 +71,14 @@ def check_tensors(q, k, v, varlen: bool):
     d = q.shape[-1]
     if k.shape[-1] != d:
         raise ValueError(f"q and k must have the same head_dim, got q={_shape(q)}, k={_shape(k)}")
-    if not HEAD_DIM_MIN <= d <= HEAD_DIM_MAX:
-        raise ValueError(f"head_dim={d} (q.shape[-1]) is out of range; allowed: {HEAD_DIM_MIN}..{HEAD_DIM_MAX}")
+    check_head_dim(d)
     hq, hkv = q.shape[-2], k.shape[-2]
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hkv}) for GQA/MQA; "
                          f"got q={_shape(q)}, k={_shape(k)}")
 
 
-def check_cu_seqlens(name, cu, total, batch=None):
+def _check_cu_seqlens_layout(name, cu, batch=None):
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
@@ -52,33 +87,59 @@ def check_cu_seqlens(name, cu, total, batch=None):
         raise ValueError(f"{name} has shape {_shape(cu)}; expected (batch + 1,) with batch >= 1")
     if batch is not None and cu.numel() != batch + 1:
         raise ValueError(f"{name} has {cu.numel()} entries but cu_seqlens_q has {batch + 1}; both must be (batch + 1,)")
-    values = cu.tolist()  # one small host copy: a broken cu_seqlens would read out of bounds
-    if values[0] != 0 or any(b < a for a, b in zip(values, values[1:])):
-        raise ValueError(f"{name}={values[:8]}{'...' if len(values) > 8 else ''} must start at 0 and never decrease")
-    if values[-1] != total:
-        raise ValueError(f"{name}[-1]={values[-1]} must equal the number of tokens ({total})")
-    return max(b - a for a, b in zip(values, values[1:]))
+
+
+def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """(max_seqlen_q, max_seqlen_k) of a varlen call: the given ones, checked against the longest
+    sequences, or the longest ones. The offsets are read (one small host copy) and checked, except
+    under torch.compile, where reading them would break the graph: there max_seqlen_q/k must be
+    given, and the op checks the offsets when it runs (it reads them through the same check)."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (varlen), or neither (dense)")
+    _check_cu_seqlens_layout("cu_seqlens_q", cu_seqlens_q)
+    _check_cu_seqlens_layout("cu_seqlens_k", cu_seqlens_k, batch=cu_seqlens_q.numel() - 1)
+    given = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k}
+    for name, value in given.items():
+        if value is not None:
+            given[name] = check_int(name, value, 0)
+    if torch.compiler.is_compiling():
+        if None in given.values():
+            raise ValueError("varlen: under torch.compile pass max_seqlen_q and max_seqlen_k; reading them from "
+                             "cu_seqlens would break the graph (the op checks cu_seqlens when it runs)")
+        return given["max_seqlen_q"], given["max_seqlen_k"]
+    longest = {"max_seqlen_q": max(seqlens_of(cu_seqlens_q, q.shape[0], "cu_seqlens_q")),
+               "max_seqlen_k": max(seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k"))}
+    for name, value in given.items():
+        if value is not None and value < longest[name]:
+            raise ValueError(f"{name}={value} is smaller than the longest sequence ({longest[name]})")
+    return tuple(longest[name] if value is None else value for name, value in given.items())
 
 
 def check_window(window, causal):
-    if not (isinstance(window, (tuple, list)) and len(window) == 2 and all(isinstance(w, int) for w in window)):
+    if not (isinstance(window, (tuple, list)) and len(window) == 2 and all(_is_int(w) for w in window)):
         raise ValueError(f"window={window!r} must be a pair of ints (left, right); -1 means unbounded")
-    left, right = window
-    if left < -1 or right < -1:
-        raise ValueError(f"window={tuple(window)}: each side must be >= 0, or -1 for unbounded")
+    left, right = (int(w) for w in window)
+    if not (-1 <= left <= INT64_MAX and -1 <= right <= INT64_MAX):
+        raise ValueError(f"window={tuple(window)}: each side must be an int in -1..{_bound(INT64_MAX)} "
+                         "(>= 0, or -1 for unbounded)")
     if causal and right > 0:
         raise ValueError(f"window={tuple(window)} with causal=True: causal allows no keys to the right "
                          "(window right must be 0 or -1)")
     return left, (0 if causal else right)
 
 
+def _finite(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_scalars(softcap, dropout_p, softmax_scale):
-    if not isinstance(softcap, (int, float)) or softcap < 0:
-        raise ValueError(f"softcap={softcap!r} must be a number >= 0 (0 disables it)")
-    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+    if not _finite(softcap) or softcap < 0:
+        raise ValueError(f"softcap={softcap!r} must be a finite number >= 0 (0 disables it)")
+    if not _finite(dropout_p) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p={dropout_p!r} must be in [0, 1)")
-    if softmax_scale is not None and (not isinstance(softmax_scale, (int, float)) or softmax_scale <= 0):
-        raise ValueError(f"softmax_scale={softmax_scale!r} must be a positive number (or None for 1/sqrt(head_dim))")
+    if softmax_scale is not None and (not _finite(softmax_scale) or softmax_scale <= 0):
+        raise ValueError(f"softmax_scale={softmax_scale!r} must be a finite number > 0 "
+                         "(or None for 1/sqrt(head_dim))")
 
 
 def check_op_args(name, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,

@@ -7,19 +7,40 @@ Sources, highest first (the first one that says something wins, field by field):
 2. the innermost ``dash_config(...)`` context, then process-wide ``configure(...)``;
 3. the model config: a ``dash_attention`` entry in ``config.json``, e.g.
    ``{"schedule": "shift", "deterministic": true}``, so a checkpoint records how it was trained;
-4. environment: ``DASH_SCHEDULE``, ``DASH_BACKEND``, ``DASH_DETERMINISTIC`` (1/0/true/false/on/off),
-   and ``FLASH_ATTENTION_DETERMINISTIC=1`` (what transformers' ``enable_full_determinism`` sets);
-5. ``torch.are_deterministic_algorithms_enabled()`` (only ever turns determinism on);
+4. environment: ``DASH_SCHEDULE``, ``DASH_BACKEND``, ``DASH_DETERMINISTIC``, and
+   ``FLASH_ATTENTION_DETERMINISTIC`` (what transformers' ``enable_full_determinism`` sets);
+5. ``torch.are_deterministic_algorithms_enabled()``;
 6. the default: deterministic, schedule ``auto``, backend ``auto``.
 
-Determinism is the default (docs/DESIGN.md, "Determinism rules", rule 8). Asking for ``atomic``
-with determinism required by any source other than the default is an error, never a silent
-downgrade. Schedule names come from the schedule registry, backend names from the backend
-registry (dash_plugin/schedules/registry.py, kernels/backends.py).
+The rules for ``deterministic``:
+
+- Arguments (call, ``dash_config``, ``configure``, the model config) take real bools only:
+  ``True`` or ``False``; anything else (``"false"``, ``1``) is an error.
+- Environment variables take ``1/0``, ``true/false``, ``yes/no``, ``on/off`` (any case, spaces
+  around ignored); unset or empty says nothing; anything else is an error naming the variable,
+  raised whenever the switch is resolved.
+- ``DASH_DETERMINISTIC`` turns determinism on or off. ``FLASH_ATTENTION_DETERMINISTIC`` and the
+  torch flag only ever turn it on: their "off" is their own library's default, not a request.
+- When the deciding source turns determinism off while a lower one asked for it (e.g.
+  ``DASH_DETERMINISTIC=0`` under ``torch.use_deterministic_algorithms(True)``), a ``UserWarning``
+  names both; the higher source still wins.
+- Asking for ``atomic`` with determinism required by any source other than the default is an
+  error, never a silent downgrade (docs/DESIGN.md, "Determinism rules", rule 8).
+
+``dash_config`` contexts belong to the running thread and asyncio task (``contextvars``): a
+task's context never leaks into another task. Inside ``torch.compile`` (which cannot read
+context variables) the switch is read when the graph is traced, from the thread's most recently
+entered or left context, and the compiled graph is guarded on it: concurrent asyncio tasks that
+call a compiled function should pass the switch as arguments.
+
+Schedule names come from the schedule registry, backend names from the backend registry
+(dash_plugin/schedules/registry.py, kernels/backends.py).
 """
 import contextlib
+import contextvars
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +52,9 @@ from .schedules import registry
 # the checks below read the registry itself, so schedules registered later are accepted too.
 SCHEDULES = {registry.AUTO: registry.AUTO_DESCRIPTION, **{s.name: s.description for s in registry.specs()}}
 DETERMINISTIC_SCHEDULES = registry.names(deterministic=True)
-_TRUE = ("1", "true", "on", "yes")
-_FALSE = ("0", "false", "off", "no")
+ENV_TRUE = ("1", "true", "yes", "on")
+ENV_FALSE = ("0", "false", "no", "off")
+_TORCH_FLAG = "torch.use_deterministic_algorithms(True)"
 
 
 @dataclass(frozen=True)
@@ -74,21 +96,35 @@ def check_backend(value, source: str) -> str:
 def check_deterministic(value, source: str) -> bool:
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueError(f"deterministic={value!r} (from {source}) is not a boolean; allowed: True/False "
-                     f"(or in the environment one of {', '.join(_TRUE + _FALSE)})")
+    raise ValueError(f"deterministic={value!r} (from {source}) is not a bool; allowed: True, False "
+                     "(environment variables take 1/0, true/false, yes/no, on/off)")
 
 
-# Process-wide defaults set by configure(), and a per-thread stack of dash_config() contexts.
+def env_flag(name: str):
+    """A yes/no environment variable: True, False, or None when unset or empty. Any other value
+    is an error naming the variable."""
+    raw = os.environ.get(name, "")
+    word = raw.strip().lower()
+    if not word:
+        return None
+    if word in ENV_TRUE + ENV_FALSE:
+        return word in ENV_TRUE
+    allowed = ", ".join(w for pair in zip(ENV_TRUE, ENV_FALSE) for w in pair)
+    raise ValueError(f"{name}={raw!r} is not a yes/no value; allowed: {allowed} (any case)")
+
+
+# Process-wide defaults set by configure(), and the dash_config() stack of the running thread and
+# asyncio task. torch.compile cannot read a ContextVar: traced code reads `_traced.stack`, the
+# thread's copy of the stack as the last dash_config() entered or left it, and guards on it.
 _process_defaults = {"schedule": None, "deterministic": None, "backend": None}
-_local = threading.local()
+_stack = contextvars.ContextVar("dash_config_stack", default=())
+_traced = threading.local()
 
 
-def _context_stack():
-    if not hasattr(_local, "stack"):
-        _local.stack = []
-    return _local.stack
+def _context_stack() -> tuple:
+    if torch.compiler.is_compiling():
+        return getattr(_traced, "stack", ())
+    return _stack.get()
 
 
 def configure(*, schedule=None, deterministic=None, backend=None):
@@ -110,16 +146,18 @@ def reset_config():
 
 @contextlib.contextmanager
 def dash_config(*, schedule=None, deterministic=None, backend=None):
-    """Within the block, calls use this schedule / determinism / backend unless a call's kwargs say otherwise."""
+    """Within the block, calls use this schedule / determinism / backend unless a call's kwargs say
+    otherwise. The block belongs to the running thread and asyncio task (see the module doc)."""
     entry = {"schedule": None if schedule is None else check_schedule(schedule, "dash_config()"),
              "deterministic": None if deterministic is None else check_deterministic(deterministic, "dash_config()"),
              "backend": None if backend is None else check_backend(backend, "dash_config()")}
-    stack = _context_stack()
-    stack.append(entry)
+    token = _stack.set(_stack.get() + (entry,))
+    _traced.stack = _stack.get()
     try:
         yield
     finally:
-        stack.remove(entry)
+        _stack.reset(token)
+        _traced.stack = _stack.get()
 
 
 def _model_entry(model_config):
@@ -134,6 +172,9 @@ def _model_entry(model_config):
     return entry
 
 
+_ENV = {"schedule": "DASH_SCHEDULE", "backend": "DASH_BACKEND"}
+
+
 def _candidates(field, kwarg, model_config):
     """(value, source) pairs for one field, highest precedence first; None values say nothing."""
     yield kwarg, "call argument"
@@ -141,30 +182,50 @@ def _candidates(field, kwarg, model_config):
         yield entry[field], "dash_config() context"
     yield _process_defaults[field], "configure()"
     yield _model_entry(model_config).get(field), "model config dash_attention"
-    if field == "schedule":
-        yield os.environ.get("DASH_SCHEDULE") or None, "env DASH_SCHEDULE"
-    elif field == "backend":
-        yield os.environ.get("DASH_BACKEND") or None, "env DASH_BACKEND"
-    else:
-        yield os.environ.get("DASH_DETERMINISTIC") or None, "env DASH_DETERMINISTIC"
-        if os.environ.get("FLASH_ATTENTION_DETERMINISTIC") == "1":
-            yield True, "env FLASH_ATTENTION_DETERMINISTIC=1"
-        if torch.are_deterministic_algorithms_enabled():
-            yield True, "torch.use_deterministic_algorithms(True)"
+    if field != "deterministic":
+        yield os.environ.get(_ENV[field]) or None, f"env {_ENV[field]}"
+        return
+    yield env_flag("DASH_DETERMINISTIC"), "env DASH_DETERMINISTIC"
+    # These two only turn determinism on: their "off" is their own library's default.
+    yield env_flag("FLASH_ATTENTION_DETERMINISTIC") or None, "env FLASH_ATTENTION_DETERMINISTIC"
+    yield torch.are_deterministic_algorithms_enabled() or None, _TORCH_FLAG
+
+
+def _sources(field, kwarg, model_config, check):
+    """Every source that says something about `field`, highest first, as checked (value, source)
+    pairs: a malformed value is an error even where a higher source decides."""
+    return [(check(value, source), source) for value, source in _candidates(field, kwarg, model_config)
+            if value is not None]
 
 
 def _first(field, kwarg, model_config, check):
-    for value, source in _candidates(field, kwarg, model_config):
-        if value is not None:
-            return check(value, source), source
-    return None, "default"
+    said = _sources(field, kwarg, model_config, check)
+    return said[0] if said else (None, "default")
+
+
+@torch.compiler.assume_constant_result   # torch.compile cannot trace warnings.warn: it runs once, when traced
+def _warn(message: str) -> bool:
+    warnings.warn(message, UserWarning, stacklevel=5)
+    return True
+
+
+def _warn_if_turned_off(said):
+    """The deciding source turns determinism off while a lower one asked for it: say so."""
+    if not said or said[0][0] is not False:
+        return
+    asked = next((source for value, source in said[1:] if value), None)
+    if asked is not None:
+        _warn(f"dash_plugin: deterministic=False (from {said[0][1]}) overrides deterministic=True (from {asked}): "
+              "the attention backward may not be bit-reproducible")
 
 
 def resolve_config(*, schedule=None, deterministic=None, backend=None, model_config=None) -> ResolvedConfig:
     """Resolve the switch for one call. ``auto`` stays ``auto`` here; the API turns it into a
     concrete schedule and backend once it knows the shape and the inputs."""
     sched, sched_src = _first("schedule", schedule, model_config, check_schedule)
-    det, det_src = _first("deterministic", deterministic, model_config, check_deterministic)
+    said = _sources("deterministic", deterministic, model_config, check_deterministic)
+    det, det_src = said[0] if said else (None, "default")
+    _warn_if_turned_off(said)
     back, back_src = _first("backend", backend, model_config, check_backend)
     if sched is None:
         sched = "auto" if det is not False else "atomic"

@@ -14,6 +14,7 @@ import torch
 
 from dash_plugin import checks, dispatch
 from dash_plugin.kernels import backends
+from dash_plugin.kernels.reference import compute_dtype
 
 
 def kernel_path(t: torch.Tensor) -> str:
@@ -47,7 +48,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Op
 @attn_fwd.register_fake
 def _attn_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                    window_left, window_right, softcap, dropout_p, seed, schedule, deterministic, backend="auto"):
-    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, cu_seqlens_q is not None), dtype=compute_dtype(q.dtype))
 
 
 @torch.library.custom_op("dash::bwd", mutates_args=())
@@ -63,8 +64,8 @@ def attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             raise ValueError(f"dash::bwd: {arg} is {t.dtype} {tuple(t.shape)} on {t.device}; it must match q "
                              f"({q.dtype} {tuple(q.shape)} on {q.device})")
     want = _lse_shape(q, cu_seqlens_q is not None)
-    if tuple(lse.shape) != want or lse.dtype != torch.float32:
-        raise ValueError(f"dash::bwd: lse is {lse.dtype} {tuple(lse.shape)}; expected float32 {want}")
+    if tuple(lse.shape) != want or lse.dtype != compute_dtype(q.dtype):
+        raise ValueError(f"dash::bwd: lse is {lse.dtype} {tuple(lse.shape)}; expected {compute_dtype(q.dtype)} {want}")
     kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                  window_right, softcap, dropout_p, seed)
     return dispatch.attention_backward(dout.contiguous(), q, k, v, out, lse, schedule=schedule,
@@ -113,7 +114,11 @@ class _Attention(torch.autograd.Function):
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
     """``(out, lse)`` of ``dash::fwd``, differentiable; ``args`` as in the op's schema after
-    cu_seqlens_k. Without gradients it is the op itself (the Function's own cost is not free)."""
+    cu_seqlens_k. Without gradients it is the op itself (the Function's own cost is not free);
+    so it is under torch.compile, which cannot trace a Function given one tensor twice (q, k and
+    v of self-attention, or one cu_seqlens for both) and which has no per-call cost to save."""
+    if torch.compiler.is_compiling():
+        return torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
     return torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)

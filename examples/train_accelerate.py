@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 # Model sizes: (layers, hidden, heads, kv heads, MLP width, default sequence length, default batch size).
-# Head dims are 32 (tiny, small) or 64, inside the dash kernels' range of 32..256.
+# Head dims are 32 (tiny, small) or 64, inside the dash kernels' range of 1..256.
 SIZES = {
     "tiny": (2, 64, 2, 1, 256, 128, 8),
     "small": (4, 256, 8, 4, 1024, 256, 8),

@@ -53,6 +53,45 @@ _lock = threading.Lock()
 
 def _register_attention(modeling_utils) -> None:
     modeling_utils.AttentionInterface.register(NAME, dash_attention_forward)
+    _check_head_dim_at_load(modeling_utils.PreTrainedModel)
+
+
+def _head_dim(config):
+    """(head dim, where the config says it) of a model config, or None where it does not say.
+    MLA models' query/key head dim is ``qk_head_dim`` (their ``head_dim`` is the rope part)."""
+    for attr in ("qk_head_dim", "head_dim"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int):
+            return value, f"config.{attr}"
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads, "hidden_size // num_attention_heads"
+    return None
+
+
+def _check_head_dim_at_load(pretrained_model) -> None:
+    """A head dim no path supports is refused when ``attn_implementation="dash"`` is set (model
+    construction, ``from_pretrained``, ``set_attn_implementation``), not at the first forward.
+    transformers has no hook for a registered function's own checks, so the check wraps the method
+    every one of those calls goes through."""
+    original = pretrained_model._check_and_adjust_attn_implementation
+    if getattr(original, "_dash_head_dim_check", False):
+        return
+
+    def checked(self, attn_implementation, *args, **kwargs):
+        chosen = original(self, attn_implementation, *args, **kwargs)
+        found = _head_dim(self.config) if chosen == NAME else None
+        if found is not None:
+            from dash_plugin.checks import HEAD_DIM_MAX, HEAD_DIM_MIN
+            if not HEAD_DIM_MIN <= found[0] <= HEAD_DIM_MAX:
+                raise ValueError(f"attn_implementation='dash': {type(self).__name__} has head dim {found[0]} "
+                                 f"({found[1]}); allowed: {HEAD_DIM_MIN}..{HEAD_DIM_MAX}. Use "
+                                 "attn_implementation='sdpa' or 'eager' for this model")
+        return chosen
+
+    checked._dash_head_dim_check = True
+    checked.__wrapped__ = original
+    pretrained_model._check_and_adjust_attn_implementation = checked
 
 
 def _register_mask(masking_utils) -> None:

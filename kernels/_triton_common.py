@@ -82,7 +82,8 @@ def problem(q, k, v, cu_seqlens_q, cu_seqlens_k, lengths=None) -> Problem:
         if lengths is not None:
             lq, lk = list(lengths[0]), list(lengths[1])
         else:   # one host sync per call: the launch grid needs the lengths
-            lq, lk = seqlens_of(cu_seqlens_q, q.shape[0]), seqlens_of(cu_seqlens_k, k.shape[0])
+            lq = seqlens_of(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+            lk = seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
         return Problem(True, len(lq), hq, hkv, d, max(lq), max(lk), lq, lk, cu_seqlens_q, cu_seqlens_k)
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")

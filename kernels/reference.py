@@ -11,11 +11,14 @@ is fp32 (fp64 for fp64 inputs) with one rounding to the input dtype at the end.
 import torch
 
 from .philox import dropout_keep_mask
+from .varlen import seqlens_of
 
 BLOCK_Q = 128
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the arithmetic and of the LSE for inputs of ``dtype``: float64 for float64
+    (so its gradients are float64-accurate), float32 for everything else (as the kernels)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -37,10 +40,15 @@ def _sequences(q, k, cu_seqlens_q, cu_seqlens_k):
         for b in range(q.shape[0]):
             yield b, slice(None), slice(None)
         return
-    starts_q = cu_seqlens_q.tolist()
-    starts_k = cu_seqlens_k.tolist()
-    for b in range(len(starts_q) - 1):
-        yield b, slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
+    lens_q = seqlens_of(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    lens_k = seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    if len(lens_q) != len(lens_k):
+        raise ValueError(f"cu_seqlens_q has {len(lens_q) + 1} entries, cu_seqlens_k {len(lens_k) + 1}; "
+                         "both must be (batch + 1,)")
+    start_q = start_k = 0
+    for b, (n_q, n_k) in enumerate(zip(lens_q, lens_k)):
+        yield b, slice(start_q, start_q + n_q), slice(start_k, start_k + n_k)
+        start_q, start_k = start_q + n_q, start_k + n_k
 
 
 def _pick(t, b, sl, varlen):
@@ -92,7 +100,7 @@ class _Problem:
         self.p = dict(softmax_scale=float(softmax_scale), window_left=int(window_left),
                       window_right=0 if causal else int(window_right), softcap=float(softcap),
                       dropout_p=float(dropout_p), seed=int(seed))
-        self.ctype = _compute_dtype(q.dtype)
+        self.ctype = compute_dtype(q.dtype)
         self.hq, self.hkv, self.d = q.shape[-2], k.shape[-2], q.shape[-1]
         self.g = self.hq // self.hkv
         self._cu = (cu_seqlens_q, cu_seqlens_k)
@@ -117,7 +125,7 @@ def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seql
                   dropout_p, seed)
     hq, hkv, g, d = pr.hq, pr.hkv, pr.g, pr.d
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((hq, q.shape[0]) if pr.varlen else (q.shape[0], hq, q.shape[1]), dtype=torch.float32,
+    lse = torch.empty((hq, q.shape[0]) if pr.varlen else (q.shape[0], hq, q.shape[1]), dtype=pr.ctype,
                       device=q.device)
     for b, sq_sl, _, ks, vs in pr.sequences(k, v):
         qs = _pick(q, b, sq_sl, pr.varlen)
@@ -132,7 +140,7 @@ def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seql
             lse_b = blk.log_sum_exp()
             o = torch.einsum("hgrs,hsd->hgrd", blk.dropped(blk.probabilities(lse_b)), vs)
             out_s[r0:r1] = o.reshape(hq, r1 - r0, d).transpose(0, 1).to(q.dtype)
-            lse_s[:, r0:r1] = lse_b.reshape(hq, r1 - r0).to(torch.float32)
+            lse_s[:, r0:r1] = lse_b.reshape(hq, r1 - r0)
     return out, lse
 
 

@@ -61,7 +61,7 @@ def test_non_contiguous_inputs():
 BAD = [
     (dict(q=torch.randn(2, 8, 4, 32, dtype=torch.float16)), TypeError, "share one dtype"),
     (dict(q=torch.randn(2, 8, 4, 32).int()), TypeError, r"q.dtype=torch.int32 is not supported"),
-    (dict(q=torch.randn(2, 8, 4, 16), k=torch.randn(2, 8, 2, 16), v=torch.randn(2, 8, 2, 16)), ValueError, r"head_dim=16 .* allowed: 32..256"),
+    (dict(q=torch.randn(2, 8, 4, 0), k=torch.randn(2, 8, 2, 0), v=torch.randn(2, 8, 2, 0)), ValueError, r"head_dim=0 .* allowed: 1..256"),
     (dict(q=torch.randn(2, 8, 4, 300), k=torch.randn(2, 8, 2, 300), v=torch.randn(2, 8, 2, 300)), ValueError, r"head_dim=300"),
     (dict(q=torch.randn(2, 8, 3, 32)), ValueError, r"query heads \(3\) must be a multiple of key/value heads \(2\)"),
     (dict(q=torch.randn(3, 8, 4, 32)), ValueError, "same batch size"),
@@ -73,6 +73,17 @@ BAD = [
     (dict(softcap=-1.0), ValueError, "softcap=-1.0"),
     (dict(dropout_p=1.0), ValueError, r"dropout_p=1.0 must be in \[0, 1\)"),
     (dict(softmax_scale=0), ValueError, "softmax_scale=0"),
+    (dict(softcap=float("nan")), ValueError, r"softcap=nan must be a finite number >= 0"),
+    (dict(softcap=float("inf")), ValueError, r"softcap=inf must be a finite number >= 0"),
+    (dict(softmax_scale=float("nan")), ValueError, r"softmax_scale=nan must be a finite number > 0"),
+    (dict(softmax_scale=float("inf")), ValueError, r"softmax_scale=inf must be a finite number > 0"),
+    (dict(softcap="1"), ValueError, r"softcap='1' must be a finite number >= 0"),
+    (dict(window=(2 ** 63, -1)), ValueError, r"window=\(9223372036854775808, -1\): each side must be an int in -1..2\*\*63-1"),
+    (dict(window=(4, True)), ValueError, r"window=\(4, True\) must be a pair of ints"),
+    (dict(dropout_p=0.1, dropout_seed=2 ** 63), ValueError, r"dropout_seed=9223372036854775808 must be an int in 0..2\*\*63-1"),
+    (dict(dropout_p=0.1, dropout_seed=-1), ValueError, r"dropout_seed=-1 must be an int in 0..2\*\*63-1"),
+    (dict(dropout_p=0.1, dropout_seed="3"), ValueError, r"dropout_seed='3' must be an int in 0..2\*\*63-1"),
+    (dict(q=torch.randn(2, 8, 4, 32, device="meta")), ValueError, r"q is on the meta device"),
     (dict(schedule="fastest"), ValueError, "schedule='fastest'.*allowed: auto, atomic"),
     (dict(schedule="atomic", deterministic=True), ValueError, "not deterministic"),
 ]
@@ -85,6 +96,22 @@ def test_bad_input_errors_name_argument_value_and_allowed(kwargs, exc, match):
     args.update(kwargs)
     with pytest.raises(exc, match=match):
         dash_plugin.flash_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def test_meta_and_nested_tensors_are_refused_clearly():
+    meta = torch.randn(2, 8, 4, 32, device="meta")
+    with pytest.raises(ValueError, match=r"q is on the meta device.*allowed: devices with data"):
+        dash_plugin.flash_attention(meta, meta[:, :, :2], meta[:, :, :2])
+    nested = torch.nested.nested_tensor([torch.randn(3, 2, 32), torch.randn(5, 2, 32)], layout=torch.jagged)
+    with pytest.raises(ValueError, match=r"q is a nested tensor.*cu_seqlens"):
+        dash_plugin.flash_attention(nested, nested, nested)
+
+
+@pytest.mark.parametrize("name", ["max_seqlen_q", "max_seqlen_k"])
+@pytest.mark.parametrize("bad", ["6", 6.0, 2 ** 63, True])
+def test_max_seqlen_must_be_an_int(name, bad):
+    with pytest.raises(ValueError, match=rf"{name}={bad!r} must be an int"):
+        _varlen(torch.tensor([0, 4, 10], dtype=torch.int32), **{name: bad})
 
 
 def _varlen(cu_q, cu_k=None, **kw):
@@ -113,3 +140,29 @@ def test_varlen_argument_pairing_and_max_seqlen():
         _varlen(cu, max_seqlen_q=3)
     with pytest.raises(ValueError, match="has 2 entries but cu_seqlens_q has 3"):
         _varlen(cu, torch.tensor([0, 10], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_float64_is_float64_accurate_lse_included(varlen):
+    """float64 inputs keep the LSE in float64 (it was rounded to fp32, so the gradients were only
+    fp32-accurate): out, lse and every gradient agree with the float64 math oracle to ~1e-13."""
+    from tests.math_attention import math_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(40, h, 24, generator=g, dtype=torch.float64).requires_grad_() for h in (4, 2, 2))
+    dout = torch.randn(40, 4, 24, generator=g, dtype=torch.float64)
+    want_out, want_lse = math_attention(q, k, v, causal=True, softcap=5.0)
+    want = torch.autograd.grad(want_out, (q, k, v), dout)
+    if varlen:
+        cu = torch.tensor([0, 40], dtype=torch.int32)
+        out, lse = dash_plugin.flash_attention(q, k, v, causal=True, softcap=5.0, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                               return_lse=True)
+    else:
+        out, lse = dash_plugin.flash_attention(q[None], k[None], v[None], causal=True, softcap=5.0, return_lse=True)
+        out, lse = out[0], lse[0]
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    assert lse.dtype == torch.float64
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-13)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=1e-13)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

@@ -12,10 +12,13 @@ import dash_plugin
 from dash_plugin.kernels import reference
 
 FAULTS = {
-    "head_dim_small": lambda c: c.update(d=16),
+    "head_dim_zero": lambda c: c.update(d=0),
     "head_dim_large": lambda c: c.update(d=257),
     "heads_not_multiple": lambda c: c.update(hq=c["hkv"] * 2 + 1) if c["hkv"] > 1 else c.update(hq=3, hkv=2),
     "negative_softcap": lambda c: c["kw"].update(softcap=-1.0),
+    "nan_softcap": lambda c: c["kw"].update(softcap=float("nan")),
+    "infinite_scale": lambda c: c["kw"].update(softmax_scale=float("inf")),
+    "seed_beyond_int64": lambda c: c["kw"].update(dropout_seed=2 ** 63),
     "dropout_one": lambda c: c["kw"].update(dropout_p=1.0),
     "window_below_minus_one": lambda c: c["kw"].update(window=(-2, 3)),
     "causal_with_right_window": lambda c: c["kw"].update(causal=True, window=(3, 4)),
@@ -31,7 +34,7 @@ def calls(draw):
     hkv = draw(st.integers(1, 3))
     causal = draw(st.booleans())
     c = dict(b=draw(st.integers(1, 3)), sq=draw(st.integers(1, 40)), sk=draw(st.integers(1, 40)), hkv=hkv,
-             hq=hkv * draw(st.integers(1, 3)), d=draw(st.sampled_from([32, 40, 64, 96])),
+             hq=hkv * draw(st.integers(1, 3)), d=draw(st.sampled_from([1, 8, 16, 32, 40, 64, 96])),
              transpose=draw(st.booleans()), special=draw(st.sampled_from(["none", "none", "nan", "inf"])))
     sched = draw(st.sampled_from([None] + list(dash_plugin.SCHEDULES)))
     c["kw"] = dict(causal=causal, window=(draw(st.integers(-1, 12)), 0 if causal else draw(st.integers(-1, 12))),
@@ -58,7 +61,7 @@ def test_random_calls_match_reference_or_raise_clear_errors(c):
     q = _make(c["b"], c["sq"], c["hq"], c["d"], c["transpose"], gen)
     k = _make(c.get("bk", c["b"]), c["sk"], c["hkv"], c["d"], c["transpose"], gen, c.get("k_dtype", torch.float32))
     v = _make(c.get("bk", c["b"]), c["sk"], c["hkv"], c["d"], False, gen, c.get("k_dtype", torch.float32))
-    if c["special"] != "none":
+    if c["special"] != "none" and c["d"] > 0:
         q[0, 0, 0, 0] = float(c["special"])
     kw = c["kw"]
     if c["fault"]:

@@ -41,7 +41,8 @@ def test_env_beats_torch_flag_and_default(monkeypatch):
     monkeypatch.setenv("DASH_SCHEDULE", "descending")
     monkeypatch.setenv("DASH_DETERMINISTIC", "off")
     torch.use_deterministic_algorithms(True)
-    c = resolve_config()
+    with pytest.warns(UserWarning, match="overrides deterministic=True"):
+        c = resolve_config()
     assert (c.schedule, c.schedule_source) == ("descending", "env DASH_SCHEDULE")
     assert (c.deterministic, c.deterministic_source) == (False, "env DASH_DETERMINISTIC")
 
@@ -134,3 +135,119 @@ def test_a_call_reports_what_it_resolved_to():
     dash_plugin.flash_attention(q, q, q, causal=True)
     last = dash_plugin.last_resolved()
     assert last.schedule == "auto" and last.concrete_schedule in dash_plugin.DETERMINISTIC_SCHEDULES
+
+
+def test_context_is_per_asyncio_task():
+    """Two tasks interleave inside their own dash_config blocks: each sees its own schedule
+    (a thread-local stack let the last task to enter win for both)."""
+    import asyncio
+
+    async def task(schedule, entered, go):
+        with dash_plugin.dash_config(schedule=schedule):
+            entered.set()
+            await go.wait()
+            return resolve_config().schedule
+
+    async def main():
+        entered_a, entered_b, go = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        a = asyncio.create_task(task("shift", entered_a, go))
+        await entered_a.wait()
+        b = asyncio.create_task(task("spt", entered_b, go))
+        await entered_b.wait()
+        go.set()
+        return await a, await b, resolve_config().schedule
+
+    assert asyncio.run(main()) == ("shift", "spt", "auto")
+
+
+@pytest.mark.parametrize("value", ["false", "true", 1, 0, "yes", 1.0])
+def test_deterministic_arguments_take_real_bools_only(value):
+    for set_it in (lambda: resolve_config(deterministic=value),
+                   lambda: dash_plugin.configure(deterministic=value),
+                   lambda: dash_plugin.dash_config(deterministic=value).__enter__(),
+                   lambda: resolve_config(model_config=model(deterministic=value))):
+        with pytest.raises(ValueError, match=r"deterministic=.* is not a bool; allowed: True, False"):
+            set_it()
+
+
+ENV_WORDS = [("1", True), ("true", True), ("YES", True), (" on ", True),
+             ("0", False), ("False", False), ("no", False), ("off", False)]
+
+
+@pytest.mark.parametrize("word,on", ENV_WORDS)
+def test_dash_deterministic_env_words(monkeypatch, word, on):
+    monkeypatch.setenv("DASH_DETERMINISTIC", word)
+    c = resolve_config()
+    assert (c.deterministic, c.deterministic_source) == (on, "env DASH_DETERMINISTIC")
+
+
+@pytest.mark.parametrize("word,on", ENV_WORDS)
+def test_flash_attention_deterministic_env_words_only_turn_determinism_on(monkeypatch, word, on):
+    """The same words as DASH_DETERMINISTIC; a true word requires determinism (so atomic is
+    refused), a false one says nothing (flash-attn's own default), like torch's flag."""
+    monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", word)
+    if on:
+        assert resolve_config().deterministic_source == "env FLASH_ATTENTION_DETERMINISTIC"
+        with pytest.raises(ValueError, match="not deterministic.*env FLASH_ATTENTION_DETERMINISTIC"):
+            resolve_config(schedule="atomic")
+    else:
+        assert resolve_config().deterministic_source == "default"
+        assert resolve_config(schedule="atomic").deterministic is False
+
+
+@pytest.mark.parametrize("name", ["DASH_DETERMINISTIC", "FLASH_ATTENTION_DETERMINISTIC"])
+@pytest.mark.parametrize("word", ["maybe", "2", "ture"])
+def test_bad_env_words_are_errors_naming_the_variable(monkeypatch, name, word):
+    monkeypatch.setenv(name, word)
+    with pytest.raises(ValueError, match=rf"{name}={word!r} .*allowed: 1, 0, true, false, yes, no, on, off"):
+        resolve_config()
+
+
+def test_empty_env_variables_say_nothing(monkeypatch):
+    for name in ("DASH_DETERMINISTIC", "FLASH_ATTENTION_DETERMINISTIC", "DASH_SCHEDULE"):
+        monkeypatch.setenv(name, "")
+    c = resolve_config()
+    assert (c.schedule_source, c.deterministic_source) == ("default", "default")
+
+
+@pytest.mark.parametrize("lower", ["torch", "FLASH_ATTENTION_DETERMINISTIC", "DASH_DETERMINISTIC"])
+def test_a_higher_source_turning_determinism_off_warns(monkeypatch, lower):
+    if lower == "torch":
+        torch.use_deterministic_algorithms(True)
+        named = r"torch.use_deterministic_algorithms\(True\)"
+    else:
+        monkeypatch.setenv(lower, "1")
+        named = f"env {lower}"
+    higher = [("env DASH_DETERMINISTIC", lambda: monkeypatch.setenv("DASH_DETERMINISTIC", "0"))] if lower != "DASH_DETERMINISTIC" else []
+    higher += [("configure", lambda: dash_plugin.configure(deterministic=False)),
+               ("call argument", lambda: None)]
+    for source, turn_off in higher:
+        turn_off()
+        with pytest.warns(UserWarning, match=rf"deterministic=False \(from {source}.*\) overrides "
+                                            rf"deterministic=True \(from {named}\)"):
+            c = resolve_config(deterministic=False if source == "call argument" else None)
+        assert c.deterministic is False
+
+
+def test_no_warning_when_nothing_lower_asked_for_determinism(recwarn):
+    resolve_config(deterministic=False)
+    resolve_config(schedule="atomic")
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+def test_compiled_calls_follow_the_switch(monkeypatch):
+    """torch.compile(fullgraph=True) traces the switch: the graph is guarded on the thread's
+    dash_config stack (a ContextVar cannot be traced), and the warning is given when traced."""
+    x = torch.randn(1, 8, 2, 16)
+    compiled = torch.compile(lambda x: dash_plugin.flash_attention(x, x, x, causal=True), fullgraph=True)
+    seen = []
+    for context in (dict(schedule="descending"), dict(), dict(schedule="spt")):
+        with dash_plugin.dash_config(**context):
+            compiled(x)
+        seen.append(dash_plugin.last_resolved().schedule)
+    assert seen == ["descending", "auto", "spt"]
+    torch.use_deterministic_algorithms(True)
+    monkeypatch.setenv("DASH_DETERMINISTIC", "0")
+    with pytest.warns(UserWarning, match=r"deterministic=False \(from env DASH_DETERMINISTIC\) overrides"):
+        compiled(x)
+    assert dash_plugin.last_resolved().deterministic is False

@@ -30,7 +30,7 @@ _COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidd
 
 # Sliding windows of 4 tokens, with sequences of up to 12, so the window matters.
 CONFIGS = {
-    "llama": lambda: LlamaConfig(**_COMMON),  # GQA: 4 query heads, 2 KV heads (head dim 32: the kernels' minimum)
+    "llama": lambda: LlamaConfig(**_COMMON),  # GQA: 4 query heads, 2 KV heads
     "qwen2": lambda: Qwen2Config(**_COMMON, use_sliding_window=True, sliding_window=4, max_window_layers=1),
     "mistral": lambda: MistralConfig(**_COMMON, sliding_window=4),
     # A small softcap (2.0) so that ignoring it would change the result far beyond tolerance.
@@ -476,3 +476,50 @@ def test_mixed_dtypes_under_autocast_are_unified(saved):
         loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
     loss.backward()
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Head dims: every one from 1 to 256 runs; others are refused when the model is loaded
+# ----------------------------------------------------------------------------------------------
+
+def _llama(head_dim, heads=4, kv_heads=2):
+    return LlamaConfig(**dict(_COMMON, head_dim=head_dim, num_attention_heads=heads, num_key_value_heads=kv_heads))
+
+
+@pytest.mark.parametrize("head_dim", [4, 8, 16])
+def test_tiny_head_dims_match_eager(head_dim):
+    """Hugging Face's own tiny test models use head dims below 32."""
+    torch.manual_seed(0)
+    eager = transformers.AutoModelForCausalLM.from_config(_llama(head_dim), attn_implementation="eager")
+    model = transformers.AutoModelForCausalLM.from_config(_llama(head_dim), attn_implementation="dash")
+    model.load_state_dict(eager.state_dict())
+    ids, mask = pad_batch(tokens([12, 7, 9]), "right")
+    weight = torch.randn(*ids.shape, VOCAB, generator=torch.Generator().manual_seed(2)) * mask[..., None]
+    ref_logits, ref_grads = logits_and_grads(eager, weight, input_ids=ids, attention_mask=mask)
+    logits, grads = logits_and_grads(model, weight, input_ids=ids, attention_mask=mask)
+    keep = mask.bool()
+    assert_close(logits[keep], ref_logits[keep], f"head dim {head_dim} logits")
+    assert_grads_close(grads, ref_grads, f"head dim {head_dim}")
+
+
+def test_unsupported_head_dim_is_refused_when_the_model_is_loaded(tmp_path):
+    with pytest.raises(ValueError, match=r"attn_implementation='dash': LlamaForCausalLM has head dim 320 "
+                                         r"\(config.head_dim\); allowed: 1..256"):
+        transformers.AutoModelForCausalLM.from_config(_llama(320, heads=2, kv_heads=1), attn_implementation="dash")
+    transformers.AutoModelForCausalLM.from_config(_llama(320, heads=2, kv_heads=1)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has head dim 320"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="dash")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+    with pytest.raises(ValueError, match="has head dim 320"):
+        model.set_attn_implementation("dash")
+    assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("config, found", [
+    (GPT2Config(n_embd=64, n_head=2), (32, "hidden_size // num_attention_heads")),   # no head_dim attribute
+    (LlamaConfig(hidden_size=64, num_attention_heads=2, head_dim=8), (8, "config.head_dim")),
+    (transformers.PretrainedConfig(), None),   # says nothing: the first forward checks the tensors
+])
+def test_head_dim_of_a_config(config, found):
+    from dash_plugin.integrations.transformers import _head_dim
+    assert _head_dim(config) == found

@@ -25,6 +25,15 @@ def test_opcheck_forward(varlen, dropout):
     opcheck(torch.ops.dash.fwd.default, _args(varlen, dropout))
 
 
+def test_opcheck_float64_keeps_a_float64_lse():
+    q, k, v, *rest = (t.detach().double().requires_grad_() if isinstance(t, torch.Tensor) else t for t in _args())
+    out, lse = torch.ops.dash.fwd(q, k, v, *rest)
+    assert lse.dtype == torch.float64
+    opcheck(torch.ops.dash.fwd.default, (q, k, v, *rest))
+    opcheck(torch.ops.dash.bwd.default, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(),
+                                         lse, *rest))
+
+
 def test_opcheck_backward():
     q, k, v, *rest = _args()
     out, lse = torch.ops.dash.fwd(q, k, v, *rest)
@@ -60,6 +69,10 @@ def test_api_function_and_the_ops_registered_autograd_give_the_same_bits(varlen)
     (dict(schedule="atomic"), "not deterministic but deterministic=True"),
     (dict(dropout_p=1.5), "dropout_p=1.5"),
     (dict(softmax_scale=-0.2), "softmax_scale=-0.2"),
+    (dict(softmax_scale=float("nan")), "softmax_scale=nan"),
+    (dict(softmax_scale=float("inf")), "softmax_scale=inf"),
+    (dict(softcap=float("nan")), "softcap=nan"),
+    (dict(softcap=float("inf")), "softcap=inf"),
     (dict(window_left=-3), "window_left=-3"),
     (dict(window_right=4), "causal=True with window_right=4"),
     (dict(cu_seqlens_q=torch.tensor([0, 12], dtype=torch.int32)), "given together"),
@@ -79,6 +92,31 @@ def test_ops_refuse_bad_input_with_the_argument_named(change, message):
         torch.ops.dash.bwd(torch.randn_like(out), q, k, v, out, lse[:, :, :5], *rest)
     with pytest.raises(ValueError, match="dout is"):
         torch.ops.dash.bwd(torch.randn(2, 12, 4, 16), q, k, v, out, lse, *rest)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("which", ["cu_seqlens_q", "cu_seqlens_k"])
+@pytest.mark.parametrize("cu, message", [
+    ([0, 7, 4], "must start at 0 and never decrease"),
+    ([0, 7, 50], r"\[-1\]=50 must equal the number of tokens \(12\)"),
+    ([0, 5, 9], r"\[-1\]=9 must equal the number of tokens \(12\)"),
+    ([2, 5, 12], "must start at 0"),
+])
+def test_ops_check_the_cu_seqlens_they_read(backend, which, cu, message):
+    """Callers of torch.ops.dash.* skip the API: each op reads cu_seqlens once and refuses contents
+    that would read or write outside the packed tensors (the reference forward returned
+    uninitialised memory, its backward NaN gradients)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(12, 2, 32, generator=g) for _ in range(3))
+    good = torch.tensor([0, 5, 12], dtype=torch.int32)
+    cus = dict(cu_seqlens_q=good, cu_seqlens_k=good)
+    rest = (12, 12, 0.2, True, -1, 0, 0.0, 0.0, 0, "ascending", True, backend)
+    out, lse = torch.ops.dash.fwd(q, k, v, good, good, *rest)
+    cus[which] = torch.tensor(cu, dtype=torch.int32)
+    with pytest.raises(ValueError, match=which + r".*" + message):
+        torch.ops.dash.fwd(q, k, v, cus["cu_seqlens_q"], cus["cu_seqlens_k"], *rest)
+    with pytest.raises(ValueError, match=which + r".*" + message):
+        torch.ops.dash.bwd(torch.ones_like(out), q, k, v, out, lse, cus["cu_seqlens_q"], cus["cu_seqlens_k"], *rest)
 
 
 def test_deterministic_false_with_a_deterministic_schedule_runs():
@@ -117,3 +155,51 @@ def test_compiled_training_step_matches_eager():
     torch.testing.assert_close(loss, eager, rtol=1e-6, atol=1e-7)
     for a, b in zip(grads, eager_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def _compiled_matches_eager(step, inputs):
+    eager = step(*inputs)
+    eager_grads = torch.autograd.grad(eager, [t for t in inputs if t.requires_grad])
+    compiled = torch.compile(step, fullgraph=True)
+    loss = compiled(*inputs)
+    grads = torch.autograd.grad(loss, [t for t in inputs if t.requires_grad])
+    assert torch.equal(loss, eager)
+    for a, b in zip(grads, eager_grads):
+        assert torch.equal(a, b)
+
+
+def test_compiled_varlen_matches_eager():
+    """fullgraph=True with cu_seqlens: the API's cu_seqlens checks read the tensor (a graph break),
+    so under compile they are left to the op, which checks what it reads when it runs."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(24, h, 16, generator=g).requires_grad_() for h in (4, 2, 2))
+    cu = torch.tensor([0, 10, 24], dtype=torch.int32)
+
+    def step(q, k, v, cu):
+        return dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=14,
+                                           max_seqlen_k=14, causal=True).square().sum()
+
+    _compiled_matches_eager(step, (q, k, v, cu))
+    bad = torch.tensor([0, 10, 20], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q\[-1\]=20 must equal the number of tokens \(24\)"):
+        torch.compile(step, fullgraph=True)(q, k, v, bad)
+
+
+def test_compiled_varlen_needs_max_seqlen():
+    cu = torch.tensor([0, 10, 24], dtype=torch.int32)
+    x = torch.randn(24, 2, 16)
+
+    def step(x, cu):
+        return dash_plugin.flash_attention(x, x, x, cu_seqlens_q=cu, cu_seqlens_k=cu)
+
+    with pytest.raises(Exception, match="under torch.compile pass max_seqlen_q and max_seqlen_k"):
+        torch.compile(step, fullgraph=True)(x, cu)
+
+
+def test_compiled_self_attention_with_one_tensor_for_q_k_v_matches_eager():
+    x = torch.randn(2, 12, 2, 16, generator=torch.Generator().manual_seed(0)).requires_grad_()
+
+    def step(x):
+        return dash_plugin.flash_attention(x, x, x, causal=True).square().sum()
+
+    _compiled_matches_eager(step, (x,))

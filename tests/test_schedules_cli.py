@@ -58,7 +58,7 @@ def test_varlen_gqa_window(capsys):
     (["--seqlen", "64", "--assignment", "random"], ["--assignment", "'random'", "dynamic, static"]),
     (["--seqlen", "64", "--hdim", "300"], ["--hdim", "300", "1..256"]),
     (["--seqlen", "64", "--heads", "8", "--kv-heads", "3"], ["--kv-heads", "3", "divisor"]),
-    (["--hdim", "64"], ["--seqlen", "None", "positive int"]),
+    (["--hdim", "64"], ["give --seqlen", "--seqlen-q and --seqlen-k", "--varlen"]),
     (["--seqlen", "0"], ["--seqlen-q", "0", "positive int"]),
     (["--seqlen", "64", "--causal", "--window-right", "4"], ["--window-right", "4", "0 or -1"]),
     (["--varlen", "64,x"], ["--varlen", "'64,x'", "non-negative ints"]),
@@ -71,6 +71,43 @@ def test_bad_flags(argv, words):
     msg = str(e.value.code)
     for w in words:
         assert w in msg, (w, msg)
+
+
+def test_bad_flags_never_print_none():
+    with pytest.raises(SystemExit) as e:
+        main(["--hdim", "64"])
+    assert "None" not in str(e.value.code)
+
+
+def test_every_option_has_help_text():
+    from dash_plugin.schedules.cli import build_parser
+    options = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert len(options) >= 20
+    assert [a.option_strings[0] for a in options if not (a.help or "").strip()] == []
+
+
+def test_progress_is_reported_while_it_works(tmp_path, capsys):
+    main(SMALL + ["--causal", "--schedules", "descending,shift", "--png", str(tmp_path)])
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["dash-schedule: simulating descending (1/3)", "dash-schedule: simulating shift (2/3)",
+                   "dash-schedule: simulating ascending (3/3), the baseline",
+                   "dash-schedule: drawing descending (1/2)", "dash-schedule: drawing shift (2/2)"]
+
+
+def test_gantt_legend_names_every_head_drawn(tmp_path, monkeypatch):
+    """16 heads drawn, 16 in the legend (it listed the first 8); heads share one of 20 colours."""
+    from dash_plugin.schedules import gantt
+    from dash_plugin.schedules.cli import parse_args, run
+
+    figures = []
+    monkeypatch.setattr(gantt.plt, "close", figures.append)
+    run(parse_args(["--seqlen", "256", "--block-m", "64", "--block-n", "64", "--heads", "16", "--sms", "8",
+                    "--schedules", "ascending", "--png", str(tmp_path)]))
+    labels = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    assert labels[:16] == [f"compute, head {h}" for h in range(16)] and len(labels) == 18
+    assert [label for _, label in gantt.head_legend(range(45))][:2] == ["compute, heads 0, 20, 40",
+                                                                        "compute, heads 1, 21, 41"]
+    assert len(gantt.head_legend(range(45))) == 20
 
 
 def test_argparse_type_error_names_flag(capsys):

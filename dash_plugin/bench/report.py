@@ -88,8 +88,19 @@ def _best(cells, point, impls, metric) -> Optional[tuple]:
     return max(found) if found else None
 
 
+NOT_JUDGED = "not judged (CPU timings; the goals are for the GPU)"
+
+
 def evaluate_target(target: Target, results: dict) -> dict:
-    """{title, value, goal, op, verdict: met | not met | not measured, detail}."""
+    """{title, value, goal, op, verdict: met | not met | not measured | NOT_JUDGED, detail}. The
+    goals are GPU goals: figures timed on another device show their ratios but get no verdict."""
+    row = _evaluate(target, results)
+    if results.get("env", {}).get("device") != "cuda":
+        row["verdict"] = NOT_JUDGED
+    return row
+
+
+def _evaluate(target: Target, results: dict) -> dict:
     cells = index_cells(results)
     keys = [p["key"] for p in results["points"]] if target.kind != "point" else [target.point]
     keys = [k for k in keys if all(any(part in k for part in group) for group in target.where)]

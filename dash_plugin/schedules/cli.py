@@ -46,23 +46,26 @@ def _bad(flag, value, allowed):
     raise SystemExit(f"dash-schedule: error: {flag} {value!r} is not allowed; allowed: {allowed}")
 
 
-def parse_args(argv):
+def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="dash-schedule", description=__doc__.split("\n\n")[0])
     p.add_argument("--seqlen", type=int, help="query and key length (or use --seqlen-q/--seqlen-k)")
-    p.add_argument("--seqlen-q", type=int)
-    p.add_argument("--seqlen-k", type=int)
+    p.add_argument("--seqlen-q", type=int, help="query length (default: --seqlen)")
+    p.add_argument("--seqlen-k", type=int, help="key length (default: --seqlen)")
     p.add_argument("--varlen", type=str, default=None,
                    help="comma-separated sequence lengths of a packed batch (q = k); replaces --seqlen")
-    p.add_argument("--hdim", type=int, default=128, help="head dim (picks default tiles)")
+    p.add_argument("--hdim", type=int, default=128, help="head dim 1..256 (picks default tiles; default 128)")
     p.add_argument("--heads", type=int, default=None, help="query heads (default 2048 // hdim)")
     p.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA; default = heads)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("--window-left", type=int, default=-1)
-    p.add_argument("--window-right", type=int, default=-1)
-    p.add_argument("--block-m", type=int, default=None)
-    p.add_argument("--block-n", type=int, default=None)
-    p.add_argument("--group-size", type=int, default=None, help="G (default: rule in README)")
+    p.add_argument("--batch", type=int, default=1, help="sequences of --seqlen (default 1)")
+    p.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
+    p.add_argument("--window-left", type=int, default=-1,
+                   help="sliding window: keys this far left of the diagonal (default -1: unbounded)")
+    p.add_argument("--window-right", type=int, default=-1,
+                   help="sliding window: keys this far right of the diagonal (default -1: unbounded)")
+    p.add_argument("--block-m", type=int, default=None, help="Q tile rows (default: FA3's sm90 tile for --hdim)")
+    p.add_argument("--block-n", type=int, default=None, help="KV tile rows (default: FA3's sm90 tile for --hdim)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="model: cyclic group size G of shift (default: the schedule's rule)")
     p.add_argument("--sms", type=int, default=132, help="SMs in the model (default 132)")
     p.add_argument("--assignment", default=None,
                    help="model: dynamic (first free SM) or static (default: as the kernel launches it)")
@@ -74,7 +77,11 @@ def parse_args(argv):
     p.add_argument("--schedules", default=",".join(s.name for s in registry.specs() if s.ordered),
                    help=f"comma-separated, from {','.join(registry.names())} (default: the ordered ones)")
     p.add_argument("--png", default=None, help="write one Gantt PNG per schedule into this folder")
-    a = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv):
+    a = build_parser().parse_args(argv)
 
     names = [s.strip() for s in a.schedules.split(",") if s.strip()]
     for s in names:
@@ -102,7 +109,7 @@ def parse_args(argv):
         sq = a.seqlen_q if a.seqlen_q is not None else a.seqlen
         sk = a.seqlen_k if a.seqlen_k is not None else a.seqlen
         if sq is None or sk is None:
-            _bad("--seqlen", None, "a positive int (or --seqlen-q and --seqlen-k, or --varlen)")
+            raise SystemExit("dash-schedule: error: give --seqlen (or --seqlen-q and --seqlen-k, or --varlen)")
         for flag, v in (("--seqlen-q", sq), ("--seqlen-k", sk)):
             if v < 1:
                 _bad(flag, v, "a positive int")
@@ -156,11 +163,20 @@ def _simulate(a, name, record):
                            record=record)
 
 
+def _progress(message):
+    """One line on stderr per step: a long shape takes seconds per schedule and per picture."""
+    print(f"dash-schedule: {message}", file=sys.stderr, flush=True)
+
+
 def run(a, out=None):
     out = sys.stdout if out is None else out
     names = list(a.schedule_names)
     record = a.png is not None
-    results = {name: _simulate(a, name, record and name in names) for name in dict.fromkeys(names + ["ascending"])}
+    results = {}
+    todo = list(dict.fromkeys(names + ["ascending"]))
+    for i, name in enumerate(todo):
+        _progress(f"simulating {name} ({i + 1}/{len(todo)})" + ("" if name in names else ", the baseline"))
+        results[name] = _simulate(a, name, record and name in names)
     base = results["ascending"][1].makespan
     launch = ("the kernel's launch plan" if a.assignment is None and a.launch is None and a.group_size is None
               else f"model: {a.assignment or 'dynamic'} {a.launch or 'head-major'}")
@@ -181,7 +197,8 @@ def run(a, out=None):
         os.makedirs(a.png, exist_ok=True)
         xmax = max(results[n][1].makespan for n in names) * 1.01
         mask = "causal" if a.causal else ("window" if a.window_left >= 0 or a.window_right >= 0 else "full")
-        for name in names:
+        for i, name in enumerate(names):
+            _progress(f"drawing {name} ({i + 1}/{len(names)})")
             path = os.path.join(a.png, f"{name}.png")
             draw_gantt(results[name][1], path, xmax=xmax,
                        title=f"{name} ({mask}, {a.heads} heads, {a.sms} SMs)")

@@ -6,9 +6,33 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from .simulate import SimResult  # noqa: E402
+
+COLOURS = plt.get_cmap("tab20").colors   # a head's colour: COLOURS[head % 20]
+REDUCTION = "#333333"
+
+
+def head_legend(heads) -> list[tuple[int, str]]:
+    """(colour index, label) for each colour the heads use: heads 20 apart share a colour, and
+    then one label names them all."""
+    by_colour: dict[int, list[int]] = {}
+    for h in sorted(heads):
+        by_colour.setdefault(h % len(COLOURS), []).append(h)
+    return [(c, f"compute, head {hs[0]}" if len(hs) == 1 else "compute, heads " + ", ".join(map(str, hs)))
+            for c, hs in sorted(by_colour.items())]
+
+
+def _bars(spans: list, edge: float, facecolors) -> PolyCollection:
+    """One collection of rectangles (start, end, row): one matplotlib object for any number of blocks."""
+    s = np.asarray(spans, dtype=float).reshape(-1, 3)
+    x0, x1, y0, y1 = s[:, 0], s[:, 1], s[:, 2] - 0.4, s[:, 2] + 0.4
+    verts = np.stack([np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1),
+                      np.stack([x1, y0], 1)], 1)
+    return PolyCollection(verts, facecolors=facecolors, edgecolors="black", linewidths=edge)
 
 
 def draw_gantt(result: SimResult, path: str, *, title: str = "", label_tiles: bool | None = None,
@@ -22,26 +46,19 @@ def draw_gantt(result: SimResult, path: str, *, title: str = "", label_tiles: bo
         label_tiles = n <= 16 and len(result.blocks) <= 400
     height = max(2.5, min(14.0, 0.32 * n + 1.5))
     fig, ax = plt.subplots(figsize=(12, height))
-    cmap = plt.get_cmap("tab20")
-    heads = sorted({b.head for b in result.blocks})
-    # one broken_barh call per SM and kind: fast even for 100k blocks
-    per_sm: dict[int, tuple[list, list, list]] = {}
+    compute, colours, reduction = [], [], []
     for blk in result.blocks:
-        spans_c, colors_c, spans_r = per_sm.setdefault(blk.sm, ([], [], []))
         if blk.kind == "c":
-            spans_c.append((blk.start, blk.end - blk.start))
-            colors_c.append(cmap(blk.head % 20))
+            compute.append((blk.start, blk.end, blk.sm))
+            colours.append(COLOURS[blk.head % len(COLOURS)])
             if label_tiles and blk.end > blk.start:
                 ax.text((blk.start + blk.end) / 2, blk.sm, f"{blk.kv}:{blk.q}", ha="center",
                         va="center", fontsize=6)
         else:
-            spans_r.append((blk.start, blk.end - blk.start))
+            reduction.append((blk.start, blk.end, blk.sm))
     edge = 0.3 if label_tiles else 0.0
-    for sm, (spans_c, colors_c, spans_r) in per_sm.items():
-        ax.broken_barh(spans_c, (sm - 0.4, 0.8), facecolors=colors_c, edgecolor="black",
-                       linewidth=edge)
-        ax.broken_barh(spans_r, (sm - 0.4, 0.8), facecolors="#333333", edgecolor="black",
-                       linewidth=edge)
+    ax.add_collection(_bars(compute, edge, colours or "white"))
+    ax.add_collection(_bars(reduction, edge, REDUCTION))
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_xlim(0, xmax if xmax is not None else max(result.makespan, 1e-9) * 1.01)
     ax.set_ylabel("SM (worker slot)")
@@ -49,8 +66,9 @@ def draw_gantt(result: SimResult, path: str, *, title: str = "", label_tiles: bo
     ax.axvline(result.makespan, color="red", linestyle="--", linewidth=1)
     ax.set_title(f"{title}  makespan {result.makespan:g}, bubbles "
                  f"{100 * result.bubble_fraction:.1f}%, waiting {result.wait:g}")
-    handles = [Patch(color=cmap(h % 20), label=f"compute, head {h}") for h in heads[:8]]
-    handles.append(Patch(color="#333333", label="ordered dQ add (reduction)"))
+    heads = {b.head for b in result.blocks if b.kind == "c"}
+    handles = [Patch(color=COLOURS[c], label=label) for c, label in head_legend(heads)]
+    handles.append(Patch(color=REDUCTION, label="ordered dQ add (reduction)"))
     handles.append(Patch(facecolor="white", edgecolor="black", label="gap = waiting / idle"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     if label_tiles:

@@ -43,7 +43,8 @@ class AttentionShape:
         wl, wr = int(window_left), 0 if causal else int(window_right)
         if cu_seqlens_q is None:
             return cls(q.shape[0], q.shape[2], k.shape[2], (q.shape[1],), (k.shape[1],), False, bool(causal), wl, wr)
-        lq, lk = seqlens_of(cu_seqlens_q, q.shape[0]), seqlens_of(cu_seqlens_k, k.shape[0])
+        lq = seqlens_of(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+        lk = seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
         return cls(len(lq), q.shape[1], k.shape[1], tuple(lq), tuple(lk), True, bool(causal), wl, wr)
 
     @property

@@ -1,0 +1,56 @@
+"""What an install pulls in: the CPU path runs without Triton, which is an extra (gpu, and dev for
+the tests), not a requirement (about 1 GB that a CPU-only install never imports)."""
+import configparser
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRITON = 'triton>=3.6; platform_system == "Linux" and platform_machine == "x86_64"'
+
+
+def _lines(value):
+    return [line.strip() for line in value.splitlines() if line.strip()]
+
+
+def test_triton_is_an_extra_not_a_requirement():
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    assert not [r for r in _lines(cfg["options"]["install_requires"]) if r.startswith("triton")]
+    extras = cfg["options.extras_require"]
+    assert TRITON in _lines(extras["gpu"])
+    assert TRITON in _lines(extras["dev"])   # make test installs .[dev]: the interpreter tests need it
+
+
+def test_the_cpu_path_never_imports_triton():
+    """Training a tiny Hugging Face model with attn_implementation="dash" on the CPU, with every
+    import of triton failing: nothing asks for it."""
+    script = textwrap.dedent("""
+        import sys
+
+        class NoTriton:
+            def find_spec(self, name, path=None, target=None):
+                if name == "triton" or name.startswith("triton."):
+                    raise ImportError("triton is not installed")
+
+        sys.meta_path.insert(0, NoTriton())
+        import torch
+        import transformers
+        import dash_plugin
+
+        q = torch.randn(1, 16, 2, 8, requires_grad=True)
+        dash_plugin.flash_attention(q, q, q, causal=True).sum().backward()
+        cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                       num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="dash")
+        ids = torch.randint(0, 32, (2, 10))
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert q.grad is not None and torch.isfinite(q.grad).all()
+        assert dash_plugin.last_resolved().concrete_backend == "reference"
+        assert not [m for m in sys.modules if m == "triton" or m.startswith("triton.")]
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
