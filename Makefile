@@ -13,13 +13,15 @@ setup: $(VENV)/.installed
 # The dev extra holds what the tests need: pytest, hypothesis and Triton (whose kernels the tests
 # run in its CPU interpreter; the CPU path itself never imports it).
 $(VENV)/.installed: setup.cfg pyproject.toml
+# With a GPU the hopper extra comes too: the Hopper backend's kernels (used on sm90 GPUs only).
 ifeq ($(HAS_GPU),1)
 	python3 -m venv --system-site-packages $(VENV)
+	$(PY) -m pip install -q -e '.[dev,hopper]'
 else
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-endif
 	$(PY) -m pip install -q -e '.[dev]'
+endif
 	touch $@
 
 test: setup
