@@ -117,9 +117,8 @@ class AttentionOps(TorchDispatchMode):
         name = str(func)
         if _ATTN_OP.search(name):
             if name.startswith("dash.fwd"):
-                from dash_plugin.ops import kernel_path
-
-                name += f" ({kernel_path(args[0])})"
+                # the op's last argument is the backend the API chose for the call
+                name += f" ({args[-1]})"
             self.names[name] = None
         return func(*args, **(kwargs or {}))
 
@@ -314,8 +313,9 @@ def backend_of(ops: list[str]) -> str:
     for key, name in (("dash.fwd", None), ("cudnn_attention", "cuDNN"), ("flash_attention_for_cpu", "CPU flash"),
                       ("_flash_attention", "flash (FA2)"), ("efficient_attention", "memory-efficient")):
         if key in joined:
-            if name is None:   # the backend that ran is in the notes (last_resolved)
-                return "dash"
+            if name is None:   # "dash.fwd.default (hopper)" -> "dash hopper"
+                found = re.search(r"dash\.fwd\S* \((\w+)\)", joined)
+                return "dash " + (found.group(1) if found else "?")
             return name
     return "no torch attention op seen (math/decomposed, or FA4's own launches)" if ops == [] else ", ".join(ops)
 
