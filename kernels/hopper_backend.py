@@ -40,7 +40,7 @@ class HopperBackend:
             return f"dtype {r.dtype} (this backend: float16, bfloat16)"
         if r.head_dim not in hopper.HEAD_DIMS:
             return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
-        for missing, what in ((r.varlen, "varlen"), (r.seqlen_q != r.seqlen_k, "seqlen_q != seqlen_k"),
+        for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"), (r.varlen, "varlen"), (r.seqlen_q != r.seqlen_k, "seqlen_q != seqlen_k"),
                               (r.window_left >= 0 or (r.window_right >= 0 and not r.causal), "sliding window"),
                               (r.softcap, "softcap"), (r.dropout, "dropout"),
                               (r.causal and r.schedule == "shift", "the causal symmetric shift (two KV tiles per worker)")):
@@ -58,9 +58,13 @@ class HopperBackend:
         return DeviceProps(torch.cuda.get_device_properties(device).multi_processor_count, concurrent=True)
 
     def forward(self, q, k, v, *, softmax_scale, causal=False, **_unused):
+        if q.shape[0] == 0:   # an empty batch: nothing to launch
+            return torch.empty_like(q), torch.empty(0, q.shape[2], q.shape[1], device=q.device)
         return hopper.attention_forward(q, k, v, softmax_scale=softmax_scale, causal=causal)
 
     def backward(self, plan, dout, q, k, v, out, lse, *, softmax_scale, causal=False, **_unused):
+        if q.shape[0] == 0:
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         tables = self._tables.get(plan)
         if tables is None:
             tables = hopper.tables_of(plan.schedule.sequences[0])

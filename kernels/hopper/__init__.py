@@ -17,8 +17,12 @@ HEAD_DIMS = (64, 96, 128)
 
 
 def available() -> bool:
-    """The packages the kernel compiles with are installed (the `hopper` extra)."""
-    return all(importlib.util.find_spec(m) is not None for m in ("cutlass", "flash_attn"))
+    """The packages the kernel compiles with are installed (the `hopper` extra). Looks for
+    flash_attn.cute itself: FA2's `flash_attn` package alone does not have it."""
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in ("cutlass", "flash_attn.cute"))
+    except ImportError:   # flash_attn absent, or a broken install of it
+        return False
 
 
 def attention_forward(q, k, v, *, softmax_scale: float, causal: bool):
