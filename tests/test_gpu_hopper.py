@@ -90,8 +90,10 @@ def checked_problem(request):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_matches_float64_oracle(checked_problem, schedule):
     p, ref, base = checked_problem
-    if p["causal"] and schedule == "shift":
-        pytest.skip("the causal symmetric shift runs on the Triton backend")
+    if p["causal"] and schedule == "shift":   # two KV tiles per worker: this grid says no, by name
+        with pytest.raises(ValueError, match="causal symmetric shift"):
+            backward(p, schedule)
+        return
     poison = [torch.full_like(p[n], float("nan")) for n in ("q", "k", "v")]
     del poison  # the allocator hands these NaN blocks to the backward's outputs: unwritten stays NaN
     grads = backward(p, schedule)
@@ -124,11 +126,10 @@ def loaded_gpu():
     assert proc.matmuls and proc.matmuls > 10, "the load process did not keep the GPU busy"
 
 
-@pytest.mark.parametrize("causal", (True, False), ids=("causal", "full"))
-@pytest.mark.parametrize("schedule", ORDERED)
+@pytest.mark.parametrize("schedule, causal", [(s, c) for s in ORDERED for c in (True, False)
+                                               if not (c and s == "shift")],
+                         ids=lambda x: x if isinstance(x, str) else ("causal" if x else "full"))
 def test_bitwise_equal_over_many_passes_under_another_process(loaded_gpu, schedule, causal):
-    if causal and schedule == "shift":
-        pytest.skip("the causal symmetric shift runs on the Triton backend")
     problems, unloaded, load = loaded_gpu
     with hang_guard(300):
         bad = count_mismatching_passes(lambda: backward(problems[causal], schedule), N_PASSES,
