@@ -8,12 +8,18 @@ fp16/bf16, without softcap, window or dropout; `supports` names what else is mis
 from __future__ import annotations
 
 import weakref
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
 
 from . import hopper
 from .backends import DeviceProps
+
+
+@lru_cache(maxsize=None)
+def _is_sm90(device: str) -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
 
 
 class HopperTiles(NamedTuple):
@@ -29,8 +35,7 @@ class HopperBackend:
         self._tables = weakref.WeakKeyDictionary()   # plan -> its per-KV-tile tables
 
     def supports(self, r) -> bool | str:
-        if (r.device_type != "cuda" or not torch.cuda.is_available()
-                or torch.cuda.get_device_capability(r.device)[0] != 9):
+        if r.device_type != "cuda" or not _is_sm90(str(r.device)):
             return "needs an sm90 (Hopper) GPU"
         if not hopper.available():
             return "flash-attn-4 and nvidia-cutlass-dsl are not installed (pip install 'dash_plugin[hopper]')"

@@ -8,6 +8,7 @@ machine and the CPU tests check its tables.
 from __future__ import annotations
 
 import importlib.util
+from functools import lru_cache
 
 from .tile_table import bwd_tiles
 from .visit_tables import (RESIDENT_SLOTS, Unsupported, VisitTables, check_waits_follow_launch,
@@ -16,6 +17,7 @@ from .visit_tables import (RESIDENT_SLOTS, Unsupported, VisitTables, check_waits
 HEAD_DIMS = (64, 96, 128)
 
 
+@lru_cache(maxsize=1)   # asked on every call's backend choice; installs do not change mid-process
 def available() -> bool:
     """The packages the kernel compiles with are installed (the `hopper` extra). Looks for
     flash_attn.cute itself: FA2's `flash_attn` package alone does not have it."""
