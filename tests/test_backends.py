@@ -156,3 +156,40 @@ def test_backends_load_inside_a_compiled_region(monkeypatch):
     q, k, v = (torch.randn(1, 16, 2, 32, generator=g) for _ in range(3))
     compiled = torch.compile(lambda q, k, v: dash_plugin.flash_attention(q, k, v, causal=True), fullgraph=True)
     assert torch.equal(compiled(q, k, v), dash_plugin.flash_attention(q, k, v, causal=True))
+
+
+class _StandInHopper:
+    """Runs what the real Hopper backend runs, on any device: dense causal/full calls of the
+    KV-stationary schedules; says no to varlen, as the real one does."""
+    name = "hopper"
+
+    def supports(self, r):
+        if r.kernel_mode not in (None, "ordered", "atomic"):
+            return f"kernel mode {r.kernel_mode!r} runs on the Triton backend"
+        return "varlen runs on the Triton backend" if r.varlen else True
+
+
+def test_auto_schedule_is_resolved_per_backend_and_names_what_it_passed_over(monkeypatch):
+    """schedule=auto and backend=auto: each candidate backend's own table picks the order, the
+    first backend that runs it wins, and the reasons of the ones passed over are kept."""
+    monkeypatch.setitem(backends._loaded, "hopper", _StandInHopper())
+    monkeypatch.setitem(backends.AUTO_ORDER, "cpu", ("hopper", "triton", "reference"))
+    q = torch.zeros(1, 4096, 2, 128, dtype=torch.float16)
+    kw = dict(max_seqlen_q=4096, max_seqlen_k=4096, causal=True, window_left=-1, window_right=0)
+    chosen, schedule, passed_over = dispatch.resolve("auto", "auto", q, q, **kw)
+    assert (chosen.name, schedule, passed_over) == ("hopper", "descending", ())   # auto_table_hopper.py
+    chosen, schedule, _ = dispatch.resolve("auto", "auto", q, q, **dict(kw, causal=False, window_right=-1))
+    assert (chosen.name, schedule) == ("hopper", "ascending")
+    flat = torch.zeros(4096, 2, 128, dtype=torch.float16)
+    cu = torch.tensor([0, 1000, 4096], dtype=torch.int32)
+    chosen, schedule, passed_over = dispatch.resolve("auto", "auto", flat, flat, cu_seqlens_q=cu, **kw)
+    # varlen: the Hopper table says descending, the backend says no; Triton's own table decides
+    assert chosen.name == "triton" and schedule == "split"
+    assert passed_over == ("hopper: varlen runs on the Triton backend",)
+    # an explicit schedule only Triton implements skips the Hopper backend with the registry's reason
+    chosen, schedule, passed_over = dispatch.resolve("auto", "split", q, q, **kw)
+    assert (chosen.name, schedule) == ("triton", "split")
+    assert passed_over == ("hopper: does not implement schedule='split'",)
+    # a named backend runs its own choice or says why not
+    with pytest.raises(ValueError, match="backend='hopper' cannot run this call: varlen"):
+        dispatch.resolve("hopper", "auto", flat, flat, cu_seqlens_q=cu, **kw)
