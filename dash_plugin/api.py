@@ -47,11 +47,11 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
 
     resolved = config.resolve_config(schedule=schedule, deterministic=deterministic, backend=backend,
                                      model_config=model_config)
-    chosen, concrete, passed_over = dispatch.resolve(
+    runs_on, concrete, passed_over = dispatch.resolve(
         resolved.backend, resolved.schedule, q, k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
         max_seqlen_k=max_seqlen_k, causal=causal, window_left=left, window_right=right, softcap=softcap,
         dropout_p=dropout_p)
-    chosen = chosen.name
+    chosen = runs_on.name
     config._remember(dataclasses.replace(resolved, concrete_schedule=concrete, concrete_backend=chosen,
                                          backend_passed_over=passed_over))
 

@@ -10,11 +10,9 @@ from __future__ import annotations
 import importlib.util
 from functools import lru_cache
 
-from .tile_table import bwd_tiles
+from .tile_table import HEAD_DIMS, bwd_tiles
 from .visit_tables import (RESIDENT_SLOTS, Unsupported, VisitTables, check_waits_follow_launch,
                            cyclic_group_size, heads_per_l2_section, tables_of)
-
-HEAD_DIMS = (64, 96, 128)
 
 
 @lru_cache(maxsize=1)   # asked on every call's backend choice; installs do not change mid-process

@@ -10,6 +10,9 @@ _BWD_TILES = {
 }
 
 
+HEAD_DIMS = tuple(sorted(_BWD_TILES))   # what the Hopper kernels run
+
+
 def bwd_tiles(head_dim: int, causal: bool) -> tuple[int, int]:
     if head_dim not in _BWD_TILES:
         raise ValueError(f"head_dim={head_dim}: the Hopper backward has tiles for {sorted(_BWD_TILES)}")
