@@ -449,3 +449,195 @@ def test_cli_gqa_only_selects_the_gqa_row_alone():
         [(128, 16, 4, 2048), (128, 16, 4, 4096)] * 2
     with pytest.raises(ValueError, match="--gqa-only"):
         cli._points(cli.build_parser().parse_args(["--gqa-only", "--hdims", "64"]))
+
+
+# ---------------------------------------------------------------------------- --dropout
+@pytest.mark.parametrize("text, value", [("0.1", 0.1), ("0", 0.0), ("0.5", 0.5), ("1e-3", 1e-3)])
+def test_cli_dropout_flag_parses(text, value):
+    assert cli.build_parser().parse_args(["--dropout", text]).dropout == value
+    assert cli.build_parser().parse_args([]).dropout == 0.0
+
+
+@pytest.mark.parametrize("argv", [["--dropout", "-0.1"], ["--dropout=-0.1"], ["--dropout", "1.0"],
+                                  ["--dropout", "abc"], ["--dropout", "nan"], ["--dropout", "inf"],
+                                  ["--dropout", "1.5"]])
+def test_cli_dropout_flag_rejects_bad_values_naming_flag_value_and_range(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    value = argv[-1].split("=")[-1]
+    assert "--dropout" in err and repr(value) in err and "0 <= P < 1" in err, err
+    with pytest.raises(ValueError, match=r"dropout_p must be a number in \[0, 1\)"):
+        runner.Settings(dropout_p=1.0)
+
+
+def test_which_implementations_have_dropout():
+    impls = {i.name: i for i in peers.all_impls()}
+    without = {n for n, i in impls.items() if i.build_dropout is None}
+    assert {"fa4", "fa4-det", "sdpa-cudnn", "sdpa-cudnn-det", "flex"} == without
+    assert impls["sdpa-flash"].build_dropout is not None and impls["sdpa-flash"].layout == "bhsd"
+    assert all(i.build_dropout is not None for n, i in impls.items() if n.startswith("dash-"))
+    assert "FA4" in impls["fa4"].no_dropout and "cuDNN" in impls["sdpa-cudnn"].no_dropout
+    assert impls["fa4"].describe()["dropout"] is False and impls["dash-auto"].describe()["dropout"] is True
+
+
+def _fake_dropout_impl(name, fail=None):
+    impl = _fake_impl(name)
+
+    def build_dropout(point, device, dropout_p, seed):
+        gen = torch.Generator().manual_seed(seed)
+
+        def fn(q, k, v):
+            if fail is not None:
+                raise fail
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=point.causal)
+            keep = (torch.rand(out.shape, generator=gen) >= dropout_p).to(out.dtype)
+            return out * keep / (1 - dropout_p)
+        return fn
+    impl.build_dropout = build_dropout
+    return impl
+
+
+def test_run_cell_times_with_and_without_dropout_and_marks_peers_without_it():
+    cpu = torch.device("cpu")
+    settings = runner.Settings(repeats=3, warmup_ms=0.0, rep_ms=1.0, dropout_p=0.25)
+    inputs = runner.make_inputs(_SMALL, cpu, seed=1)
+    ok, _ = runner.run_cell(_fake_dropout_impl("drops"), _SMALL, inputs, cpu, settings, None)
+    assert ok["status"] == "ok" and ok["dropout_status"] == "ok"
+    assert ok["dropout_on_ms"] > 0 and ok["dropout_off_ms"] > 0
+    assert ok["dropout_cost"] == pytest.approx(ok["dropout_on_ms"] / ok["dropout_off_ms"])
+    none, _ = runner.run_cell(_fake_impl("plain"), _SMALL, inputs, cpu, settings, None)
+    assert none["status"] == "ok" and none["dropout_status"] == "no dropout"
+    assert not any(k in none for k in ("dropout_on_ms", "dropout_off_ms", "dropout_cost"))
+    # a failing dropout call costs only the dropout figures, never the cell's others
+    broken, _ = runner.run_cell(_fake_dropout_impl("broken", fail=RuntimeError("boom")), _SMALL, inputs, cpu,
+                                settings, None)
+    assert broken["status"] == "ok" and broken["bwd_ms"] > 0
+    assert broken["dropout_status"] == "error" and "boom" in broken["dropout_error"]
+    # without --dropout nothing of this is measured
+    plain, _ = runner.run_cell(_fake_dropout_impl("drops"), _SMALL, inputs, cpu, _FAST, None)
+    assert not any(k.startswith("dropout") for k in plain)
+
+
+def test_cli_tiny_cpu_run_with_dropout(tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = cli.main(["--device", "cpu", "--tiny", "--masks", "causal", "--impls", "sdpa-math,dash-auto",
+                   "--dropout", "0.1", "--repeats", "2", "--rep-ms", "2", "--warmup-ms", "0", "--out", str(out)])
+    assert rc == 0
+    res = report.read_json(str(out / "results.json"))
+    assert res["config"]["dropout_p"] == 0.1 and len(res["cells"]) == 4
+    for c in res["cells"]:
+        assert c["status"] == "ok" and c["dropout_status"] == "ok", c
+        for key in ("dropout_on_ms", "dropout_off_ms", "dropout_cost"):
+            assert isinstance(c[key], float) and c[key] > 0 and c[key] != float("inf"), (key, c)
+        if c["impl"] == "dash-auto":   # a fixed seed: the dropout passes repeat their bits
+            assert c["dropout_deterministic"] is True and c["dropout_det_runs"] == 2
+    section = res["dropout"]
+    assert section["dropout_p"] == 0.1 and section["seed"] == 0
+    assert [(r["impl"], r["status"]) for r in section["cells"]] == [("sdpa-math", "ok"), ("dash-auto", "ok")] * 2
+    assert all(r["cost"] > 0 and r["with_ms"] > 0 and r["without_ms"] > 0 for r in section["cells"])
+    assert [t["title"] for t in section["targets"]] == [t.title for t in report.DROPOUT_TARGETS]
+    md = (out / "results.md").read_text()
+    assert "## Dropout (p = 0.1): forward + backward with dropout / without" in md
+    assert "| row | mask | seqlen | B x Hq/Hkv | sdpa-math | dash-auto |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| hdim64 | causal | 128 | 2 x 2 |")
+               and "ms)" in line)
+    assert row.count("x (") == 2
+    log = capsys.readouterr().out
+    assert "dropout fwd+bwd" in log
+    assert log.count("-> not judged (CPU timings; the goals are for the GPU)") == (
+        len(report.TARGETS) + len(report.DROPOUT_TARGETS))
+    rebuilt = tmp_path / "rebuilt"
+    assert cli.main(["--from-json", str(out / "results.json"), "--out", str(rebuilt)]) == 0
+    assert (rebuilt / "results.md").read_text() == md
+    assert report.read_json(str(rebuilt / "results.json"))["dropout"] == section
+
+
+def _synthetic_dropout_results():
+    """_synthetic_results with --dropout 0.1: our columns (deterministic ones and atomic), SDPA flash
+    with dropout, FA4 and cuDNN without."""
+    res = _synthetic_results()
+    res["config"]["dropout_p"] = 0.1
+    res["config"]["seed"] = 0
+    res["cells"] = [c for c in res["cells"] if c["impl"] != "sdpa-cudnn-det"]
+    keys = [p["key"] for p in res["points"]]    # hdim128-causal-s16384, hdim64-full-s2048, hdim64-full-s8192
+    cost = {"dash-auto": (1.05, 1.12, 1.10), "dash-ascending": (1.06, 1.10, 1.10),
+            "dash-descending": (1.07, 1.15, 1.10), "dash-shift": (1.04, 1.10, 1.10), "dash-split": (1.03, 1.1, 1.1),
+            "dash-atomic": (1.50, 1.50, 1.50), "sdpa-flash": (1.20, 1.25, 1.30)}
+    for c in res["cells"]:
+        if c["impl"] in cost:
+            figure = cost[c["impl"]][keys.index(c["point"])]
+            c.update(dropout_status="ok", dropout_off_ms=10.0, dropout_on_ms=10.0 * figure, dropout_cost=figure)
+            if c["impl"].startswith("dash-"):
+                c.update(dropout_deterministic=True, dropout_det_runs=6, dropout_det_mismatches=0)
+        else:
+            c.update(dropout_status="no dropout", dropout_note=f"no dropout ({c['impl']})")
+    for key in keys:
+        res["cells"].append({"point": key, "impl": "sdpa-flash", "status": "ok", "bwd_tflops": 300.0,
+                             "fwd_tflops": 400.0, "deterministic": False, "det_runs": 6, "det_mismatches": 2,
+                             "max_rel_err": 0.004,
+                             "dropout_status": "ok", "dropout_off_ms": 10.0,
+                             "dropout_on_ms": 10.0 * cost["sdpa-flash"][keys.index(key)],
+                             "dropout_cost": cost["sdpa-flash"][keys.index(key)]})
+        res["cells"].append({"point": key, "impl": "fa4", "status": "ok", "bwd_tflops": 600.0, "fwd_tflops": 600.0,
+                             "deterministic": False, "det_runs": 6, "det_mismatches": 1, "max_rel_err": 0.004,
+                             "dropout_status": "no dropout",
+                             "dropout_note": "no dropout (FA4 has none)"})
+    names = ["sdpa-cudnn", "sdpa-flash", "flex", "fa4", "dash-atomic", "dash-ascending", "dash-descending",
+             "dash-shift", "dash-split", "dash-auto"]
+    res["implementations"] = [{"name": n, "description": n, "family": n.split("-")[0],
+                               "claims_deterministic": n in ("flex",) or (n.startswith("dash-") and n != "dash-atomic")}
+                              for n in names]
+    res["unavailable"] = {}
+    return res
+
+
+def test_dropout_targets_and_report_on_synthetic_results(tmp_path):
+    res = _synthetic_dropout_results()
+    rows = {r["title"]: r for r in report.evaluate_targets(res)}
+    assert len(rows) == len(report.TARGETS) + len(report.DROPOUT_TARGETS)
+    absolute, vs_flash = (rows[t.title] for t in report.DROPOUT_TARGETS)
+    # hdim128 S >= 2k is one point here: the worst deterministic column of ours (atomic is not judged)
+    assert absolute["value"] == pytest.approx(1.07) and absolute["verdict"] == "met" and absolute["op"] == "<="
+    assert "dash-descending at hdim128-causal-s16384" in absolute["detail"]
+    assert "(implementation, point) pairs (5 implementations)" in absolute["detail"]
+    # below SDPA flash's cost at every point: worst ours / flash is 1.15 / 1.25 (hdim64 full 2k)
+    assert vs_flash["value"] == pytest.approx(1.15 / 1.25) and vs_flash["verdict"] == "met"
+    assert vs_flash["op"] == "<" and "dash-descending at hdim64-full-s2048" in vs_flash["detail"]
+    md = report.render_markdown(res)
+    assert ("| dropout cost (fwd+bwd with / without), our deterministic impls, hdim128, S>=2k | 1.070x | <= 1.08x "
+            "| met |") in md
+    section = md[md.index("## Dropout (p = 0.1)"):md.index("## Implementations")]
+    line = next(row for row in section.splitlines() if row.startswith("| hdim128 | causal | 16384 |"))
+    texts = [t.strip() for t in line.strip("|").split("|")][4:]
+    by_impl = dict(zip(report.impl_names(res), texts))
+    assert by_impl["fa4"] == "no dropout" and by_impl["sdpa-cudnn"] == "no dropout" and by_impl["flex"] == "no dropout"
+    assert by_impl["sdpa-flash"] == "1.200x (12 / 10 ms)" and by_impl["dash-auto"] == "1.050x (10.5 / 10 ms)"
+    # JSON: the dropout section, with a status and never a figure for those without dropout
+    paths = report.write_reports(res, str(tmp_path))
+    summary = report.read_json(paths["json"])["dropout"]
+    fa4 = [r for r in summary["cells"] if r["impl"] == "fa4"]
+    assert fa4 and all(r["status"] == "no dropout" and "cost" not in r for r in fa4)
+
+    # over the goal, and a deterministic column whose fixed-seed dropout passes differ: not met
+    for c in res["cells"]:
+        if c["impl"] == "dash-split" and c["point"] == "hdim128-causal-s16384":
+            c.update(dropout_cost=1.09)
+        if c["impl"] == "dash-auto" and c["point"] == "hdim64-full-s8192":
+            c.update(dropout_deterministic=False, dropout_det_mismatches=2)
+        if c["impl"] == "dash-shift" and c["point"] == "hdim64-full-s8192":
+            c.update(dropout_cost=1.30)
+    rows = {r["title"]: r for r in report.evaluate_targets(res)}
+    absolute, vs_flash = (rows[t.title] for t in report.DROPOUT_TARGETS)
+    assert absolute["value"] == pytest.approx(1.09) and absolute["verdict"] == "not met"
+    assert vs_flash["value"] == pytest.approx(1.0) and vs_flash["verdict"] == "not met"   # equal is not below
+    assert "NOT bitwise deterministic at dash-auto@hdim64-full-s8192" in vs_flash["detail"]
+    assert " nd |" in report.render_markdown(res)
+    # the goals are GPU goals
+    res["env"]["device"] = "cpu"
+    assert {r["verdict"] for r in report.evaluate_targets(res)} == {report.NOT_JUDGED}
+    # runs with different dropout probabilities do not merge
+    other = dict(res, config=dict(res["config"], dropout_p=0.3))
+    with pytest.raises(ValueError, match="different --dropout"):
+        report.merge_results([res, other], ["a", "b"])

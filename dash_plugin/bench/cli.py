@@ -5,11 +5,13 @@ results.json, results.md and results.png; optionally derive the ``auto`` schedul
     dash-bench --quick --out docs/benchmarks/quick          # a few points, under 3 minutes on an H100/H200
     dash-bench --gqa --hdim256 --max-minutes 9 --out out/   # the whole protocol within a time budget
     dash-bench --device cpu --tiny --out /tmp/tiny          # CPU pipeline check (CI)
+    dash-bench --dropout 0.1 --hdims 128 --seqlens 2048,8192 --impls 'dash-*,sdpa-flash'   # the cost of dropout
     dash-bench --from-json out/results.json --write-auto-table auto_table.json
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -26,6 +28,20 @@ def _int_list(text: str, name: str) -> list[int]:
     if not values:
         raise SystemExit(f"dash-bench: {name} is empty")
     return values
+
+
+DROPOUT_ALLOWED = "a number with 0 <= P < 1 (0: no dropout; e.g. 0.1)"
+
+
+def _dropout(text: str) -> float:
+    """--dropout's value: a probability in [0, 1); anything else names the flag, the value and the range."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: P must be {DROPOUT_ALLOWED}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=6, help="backward passes compared bitwise (default 6)")
     ap.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 25; quick 10)")
     ap.add_argument("--rep-ms", type=float, default=None, help="do_bench measuring window (default 100; quick 50)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="input seed; also the fixed dropout seed (default 0)")
+    ap.add_argument("--dropout", type=_dropout, default=0.0, metavar="P",
+                    help="also time forward + backward with dropout_p=P beside the same call without it, for "
+                         "every implementation with dropout (ours, SDPA flash/efficient/math; FA4, cuDNN and "
+                         "Flex are marked 'no dropout'), and report the cost ratio with / without; "
+                         f"P is {DROPOUT_ALLOWED}")
     ap.add_argument("--max-minutes", type=float, default=None,
                     help="time budget: cells after it are recorded as skipped and the reports are still "
                          f"written (default: none; --quick: {QUICK_BUDGET_MIN})")
@@ -94,7 +115,7 @@ def _finish(results, args, command) -> int:
     paths = report.write_reports(results, args.out, command=command)
     print("wrote " + ", ".join(p for p in paths.values() if p))
     for row in report.evaluate_targets(results):
-        value = "-" if row["value"] is None else f"{row['value']:.2f}x"
+        value = "-" if row["value"] is None else f"{row['value']:.{row.get('digits', 2)}f}x"
         print(f"  target: {row['title']}: {value} (goal {row['op']} {row['goal']:.2f}x) -> {row['verdict']}")
     if args.write_auto_table:
         from .autotable import write_auto_table
@@ -135,6 +156,8 @@ def _main(args, command) -> int:
         for impl in peers.all_impls():
             reason = impl.unavailable_reason(device)
             state = reason or ("runs here" if impl.name in selected else "runs here, not in the default set")
+            if impl.build_dropout is None:
+                state += f"; {impl.no_dropout}"
             print(f"{impl.name:20s} {impl.description}\n{'':20s} -> on {device.type}: {state}")
         return 0
     if device_name == "cuda" and not torch.cuda.is_available():
@@ -159,12 +182,17 @@ def _main(args, command) -> int:
     warmup, rep = MODE_TIMING[mode]
     settings = runner.Settings(repeats=args.repeats, seed=args.seed,
                                warmup_ms=warmup if args.warmup_ms is None else args.warmup_ms,
-                               rep_ms=rep if args.rep_ms is None else args.rep_ms)
+                               rep_ms=rep if args.rep_ms is None else args.rep_ms, dropout_p=args.dropout)
     points = _points(args)
     if mode == "quick" and args.max_minutes is None:
         args.max_minutes = QUICK_BUDGET_MIN
     print(f"dash-bench ({mode}): {len(points)} points x {len(impls)} implementations on "
-          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}")
+          f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}"
+          + (f"; dropout p={args.dropout} beside no dropout" if args.dropout > 0 else ""))
+    if args.dropout > 0:
+        without = [i.name for i in impls if i.build_dropout is None]
+        if without:
+            print(f"no dropout (marked so in the dropout table): {', '.join(without)}")
     os.makedirs(args.out, exist_ok=True)
     from . import report
     partial = os.path.join(args.out, "results.json")

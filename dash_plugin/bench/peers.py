@@ -40,6 +40,10 @@ class Impl:
     probe: Callable[[], Optional[str]] = lambda: None   # reason it is unavailable, or None
     call_info: Optional[Callable[[torch.Tensor], dict]] = None   # facts about the last call, kept in the cell
     tags: dict = field(default_factory=dict)
+    # --dropout: (point, device, dropout_p, seed) -> fn(q, k, v) with dropout; None: the
+    # implementation has no dropout, and `no_dropout` says so in the reports (never a figure).
+    build_dropout: Optional[Callable[[Point, torch.device, float, int], Callable]] = None
+    no_dropout: str = "no dropout"
 
     def unavailable_reason(self, device: torch.device) -> Optional[str]:
         if device.type not in self.devices:
@@ -59,7 +63,7 @@ class Impl:
     def describe(self) -> dict:
         return {"name": self.name, "family": self.family, "description": self.description,
                 "layout": self.layout, "claims_deterministic": self.claims_deterministic,
-                "schedule": self.schedule}
+                "schedule": self.schedule, "dropout": self.build_dropout is not None}
 
 
 def first_output(result):
@@ -96,6 +100,22 @@ def _dash_build(schedule: str, backend: str = "auto"):
         def fn(q, k, v):
             return first_output(flash_attention(q, k, v, causal=point.causal, schedule=schedule,
                                                 deterministic=deterministic, backend=backend))
+        return fn
+    return build
+
+
+def _dash_build_dropout(schedule: str, backend: str = "auto"):
+    """The same call with dropout: a fixed ``dropout_seed``, so every call draws the same mask
+    (and a deterministic schedule gives the same bits on every pass)."""
+    deterministic = schedule == registry.AUTO or registry.get(schedule).deterministic
+
+    def build(point: Point, device: torch.device, dropout_p: float, seed: int):
+        from dash_plugin import flash_attention
+
+        def fn(q, k, v):
+            return first_output(flash_attention(q, k, v, causal=point.causal, schedule=schedule,
+                                                deterministic=deterministic, backend=backend,
+                                                dropout_p=dropout_p, dropout_seed=seed))
         return fn
     return build
 
@@ -143,7 +163,8 @@ def _dash_impls() -> list[Impl]:
                               devices=("cuda", "cpu") if backend == registry.AUTO else ("cuda",),
                               claims_deterministic=det, schedule=schedule,
                               probe=_hopper_probe if backend == "hopper" else _dash_probe,
-                              call_info=_dash_call_info, tags={"backend": backend}))
+                              call_info=_dash_call_info, tags={"backend": backend},
+                              build_dropout=_dash_build_dropout(schedule, backend)))
     return impls
 
 
@@ -175,6 +196,17 @@ def _sdpa_build(point: Point, device: torch.device):
     return fn
 
 
+def _sdpa_build_dropout(point: Point, device: torch.device, dropout_p: float, seed: int):
+    """SDPA with ``dropout_p``: it draws its mask from torch's generator, seeded here once (a
+    fixed start; each call then advances the generator, as in training)."""
+    kwargs = {"enable_gqa": True} if point.group > 1 else {}
+    torch.manual_seed(seed)
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=point.causal, dropout_p=dropout_p, **kwargs)
+    return fn
+
+
 def _sdpa_probe(backend: Optional[str]):
     def probe():
         if backend is not None:
@@ -197,9 +229,12 @@ def _sdpa_impls() -> list[Impl]:
         ("sdpa-efficient-det", "EFFICIENT_ATTENTION", True, ("cuda",), True,
          "SDPA memory-efficient backend under torch.use_deterministic_algorithms(True)"),
     ]
+    # cuDNN is timed without dropout (the peers with dropout are SDPA's flash, efficient and math backends)
     return [Impl(name=name, family="sdpa", description=desc, layout="bhsd", build=_sdpa_build,
                  devices=devices, context=_sdpa_context(backend, det), claims_deterministic=claim,
-                 probe=_sdpa_probe(backend), tags={"backend": backend, "torch_deterministic": det})
+                 probe=_sdpa_probe(backend), tags={"backend": backend, "torch_deterministic": det},
+                 build_dropout=None if backend == "CUDNN_ATTENTION" else _sdpa_build_dropout,
+                 no_dropout="no dropout (SDPA's cuDNN backend is timed without it)")
             for name, backend, det, devices, claim, desc in specs]
 
 
@@ -249,7 +284,7 @@ def _flex_build(point: Point, device: torch.device):
 def _flex_impls() -> list[Impl]:
     return [Impl(name="flex", family="flex", layout="bhsd", build=_flex_build, claims_deterministic=True,
                  description="FlexAttention, torch.compile (default configs, no max-autotune)",
-                 probe=_flex_probe)]
+                 probe=_flex_probe, no_dropout="no dropout (FlexAttention has none)")]
 
 
 # ---------------------------------------------------------------------------- FA4
@@ -275,7 +310,8 @@ def _fa4_build(deterministic: bool):
 
 def _fa4_impls() -> list[Impl]:
     return [Impl(name=name, family="fa4", layout="bshd", build=_fa4_build(det), claims_deterministic=det,
-                 description=f"FA4 (flash_attn.cute), deterministic={det}", probe=_fa4_probe)
+                 description=f"FA4 (flash_attn.cute), deterministic={det}", probe=_fa4_probe,
+                 no_dropout="no dropout (FA4 has none)")
             for name, det in (("fa4", False), ("fa4-det", True))]
 
 

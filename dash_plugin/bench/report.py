@@ -39,6 +39,11 @@ def geomean(values) -> float:
 
 
 # ---------------------------------------------------------------------------- targets
+# A numerator entry that stands for every deterministic implementation of ours in the run
+# (family "dash", claims_deterministic): dash-auto and each deterministic schedule on each backend.
+OURS_DETERMINISTIC = "@ours-deterministic"
+
+
 @dataclass(frozen=True)
 class Target:
     """A ratio with a goal. ``kind``: 'geomean' over every point where both sides were measured,
@@ -47,16 +52,25 @@ class Target:
     title: str
     metric: str                 # cell field compared
     numerator: tuple            # implementations; the best (largest) of them is taken
-    denominator: str
+    denominator: Optional[str]  # None: the numerator's value itself is judged (a ratio already, e.g. a cost)
     goal: float
     kind: str = "geomean"
     point: Optional[str] = None
     higher_is_better: bool = True
     floor: float = 0.0          # denominator floor (memory: 1 MiB, so 0 bytes does not divide)
     where: tuple = ()           # point filter: for each tuple, the key must contain one of its strings
+    per_impl: bool = False      # every numerator implementation must meet the goal (not only the best one)
+    strict: bool = False        # "below"/"above" the goal rather than "at most"/"at least"
+    digits: int = 2             # decimals of the value in the reports
 
     def meets(self, value: float) -> bool:
+        if self.strict:
+            return value > self.goal if self.higher_is_better else value < self.goal
         return value >= self.goal if self.higher_is_better else value <= self.goal
+
+    @property
+    def op(self) -> str:
+        return (">" if self.higher_is_better else "<") + ("" if self.strict else "=")
 
 
 # The issue's targets, with its numbers. "min" kinds must hold at every point where both sides
@@ -82,6 +96,34 @@ TARGETS = (
            "dash-atomic", 1.10, kind="max", higher_is_better=False, floor=MIB),
 )
 
+# With --dropout P: the cost of dropout (forward + backward with / without, one cell, one protocol),
+# for every deterministic implementation of ours that ran with dropout (the worst one counts).
+DROPOUT_TARGETS = (
+    Target("dropout cost (fwd+bwd with / without), our deterministic impls, hdim128, S>=2k", "dropout_cost",
+           (OURS_DETERMINISTIC,), None, 1.08, kind="max", higher_is_better=False, per_impl=True, digits=3,
+           where=(("hdim128-",), ("-s2048", "-s4096", "-s8192", "-s16384"))),
+    Target("dropout cost, our deterministic impls vs SDPA flash's dropout cost (every point)", "dropout_cost",
+           (OURS_DETERMINISTIC,), "sdpa-flash", 1.0, kind="max", higher_is_better=False, per_impl=True,
+           strict=True, digits=3),
+)
+# The field that says a cell of ours passed its bitwise check, per metric judged.
+DETERMINISM_FIELD = {"bwd_tflops": "deterministic", "dropout_cost": "dropout_deterministic"}
+
+
+def dropout_p(results: dict) -> float:
+    return float(results.get("config", {}).get("dropout_p") or 0.0)
+
+
+def _numerator_names(target: Target, results: dict) -> list:
+    names = []
+    for name in target.numerator:
+        if name == OURS_DETERMINISTIC:
+            names += [i["name"] for i in results["implementations"]
+                      if i.get("family") == "dash" and i.get("claims_deterministic")]
+        else:
+            names.append(name)
+    return names
+
 
 def _best(cells, point, impls, metric) -> Optional[tuple]:
     found = [(v, name) for name in impls if (v := ok_value(cells, point, name, metric)) is not None]
@@ -104,20 +146,31 @@ def _evaluate(target: Target, results: dict) -> dict:
     cells = index_cells(results)
     keys = [p["key"] for p in results["points"]] if target.kind != "point" else [target.point]
     keys = [k for k in keys if all(any(part in k for part in group) for group in target.where)]
+    numerators = _numerator_names(target, results)
     ratios = []
     for key in keys:
-        num = _best(cells, key, target.numerator, target.metric)
-        den = ok_value(cells, key, target.denominator, target.metric)
-        if num is None or den is None:
+        if target.per_impl:
+            nums = [(v, name) for name in numerators if (v := ok_value(cells, key, name, target.metric)) is not None]
+        else:
+            best = _best(cells, key, numerators, target.metric)
+            nums = [] if best is None else [best]
+        den = 1.0 if target.denominator is None else ok_value(cells, key, target.denominator, target.metric)
+        if not nums or den is None:
             continue
-        ratios.append((num[0] / max(den, target.floor), key, num[1]))
-    op = ">=" if target.higher_is_better else "<="
-    row = {"title": target.title, "goal": target.goal, "op": op, "value": None, "verdict": "not measured",
-           "points": len(ratios), "detail": ""}
+        ratios += [(value / max(den, target.floor), key, name) for value, name in nums]
+    row = {"title": target.title, "goal": target.goal, "op": target.op, "value": None, "verdict": "not measured",
+           "points": len(ratios), "detail": "", "digits": target.digits}
     if not ratios:
-        row["detail"] = (f"needs {' or '.join(target.numerator)} and {target.denominator} measured"
-                         + (f" at {target.point}" if target.point else ""))
+        who = " or ".join(target.numerator).replace(OURS_DETERMINISTIC, "a deterministic dash column")
+        row["detail"] = (f"needs {who}" + (f" and {target.denominator}" if target.denominator else "")
+                         + " measured" + (f" at {target.point}" if target.point else ""))
         return row
+    if target.per_impl:   # the worst (implementation, point) pair counts; name it
+        worst = (max if target.kind == "max" else min)(ratios)
+        row["value"] = worst[0]
+        row["detail"] = (f"worst of {len(ratios)} (implementation, point) pairs "
+                         f"({len({n for _, _, n in ratios})} implementations): {worst[2]} at {worst[1]}")
+        return _verdict(target, row, ratios, cells)
     if target.kind == "geomean":
         row["value"] = geomean(r for r, _, _ in ratios)
         worst = min(ratios)
@@ -133,11 +186,16 @@ def _evaluate(target: Target, results: dict) -> dict:
     else:
         row["value"], _, winner = ratios[0]
         row["detail"] = f"at {target.point}" + (f" ({winner})" if len(target.numerator) > 1 else "")
+    return _verdict(target, row, ratios, cells)
+
+
+def _verdict(target: Target, row: dict, ratios: list, cells: dict) -> dict:
     met = target.meets(row["value"])
-    # A deterministic backward figure only counts where its bitwise check passed.
-    nondet = [k for _, k, name in ratios
-              if target.metric == "bwd_tflops" and name.startswith("dash-") and name != "dash-atomic"
-              and cells[(k, name)].get("deterministic") is False]
+    # A deterministic figure (backward, dropout) only counts where its bitwise check passed.
+    field = DETERMINISM_FIELD.get(target.metric)
+    nondet = [k if not target.per_impl else f"{name}@{k}" for _, k, name in ratios
+              if field and name.startswith("dash-") and name != "dash-atomic"
+              and cells[(k, name)].get(field) is False]
     if nondet:
         met = False
         row["detail"] += f"; NOT bitwise deterministic at {', '.join(sorted(set(nondet)))}"
@@ -150,8 +208,73 @@ def _evaluate(target: Target, results: dict) -> dict:
     return row
 
 
+def targets_of(results: dict) -> tuple:
+    """The targets a run is judged on: the dropout ones only for a --dropout run."""
+    return TARGETS + (DROPOUT_TARGETS if dropout_p(results) > 0 else ())
+
+
 def evaluate_targets(results: dict) -> list[dict]:
-    return [evaluate_target(t, results) for t in TARGETS]
+    return [evaluate_target(t, results) for t in targets_of(results)]
+
+
+# ---------------------------------------------------------------------------- dropout
+def dropout_summary(results: dict) -> Optional[dict]:
+    """The dropout section of results.json (None without --dropout): per point and implementation
+    the forward + backward time with and without dropout and their ratio, or why there is none;
+    and the dropout targets. Derived from the cells, so --from-json rebuilds it."""
+    p = dropout_p(results)
+    if p <= 0:
+        return None
+    cfg = results.get("config", {})
+    rows = []
+    for c in results["cells"]:
+        row = {"point": c["point"], "impl": c["impl"]}
+        if c.get("status") != "ok":
+            row["status"] = c.get("status")
+        elif c.get("dropout_status") == "ok":
+            row.update(status="ok", with_ms=c["dropout_on_ms"], without_ms=c["dropout_off_ms"],
+                       cost=c["dropout_cost"])
+            if "dropout_deterministic" in c:
+                row["deterministic"] = c["dropout_deterministic"]
+        else:
+            row["status"] = c.get("dropout_status", "not measured")
+            if c.get("dropout_note") or c.get("dropout_error"):
+                row["note"] = c.get("dropout_note") or c.get("dropout_error")
+        rows.append(row)
+    return {"dropout_p": p, "seed": cfg.get("seed"),
+            "measured": "forward + torch.autograd.grad(out, (q, k, v), dout) per call, timed without and with "
+                        "dropout in the same cell by the same timer; cost = with / without",
+            "cells": rows,
+            "targets": [evaluate_target(t, results) for t in DROPOUT_TARGETS]}
+
+
+def _dropout_text(cell: Optional[dict]) -> str:
+    if cell is None:
+        return ""
+    if cell.get("status") != "ok":
+        return cell.get("status", "?")
+    status = cell.get("dropout_status")
+    if status is None:
+        return "n/a"
+    if status != "ok":
+        return status                          # "no dropout", or how the dropout call failed
+    text = f"{cell['dropout_cost']:.3f}x ({cell['dropout_on_ms']:.3g} / {cell['dropout_off_ms']:.3g} ms)"
+    if cell.get("dropout_deterministic") is False:
+        text += " nd"
+    return text
+
+
+def _dropout_table(results: dict) -> list[str]:
+    names = impl_names(results)
+    cells = index_cells(results)
+    lines = ["| row | mask | seqlen | B x Hq/Hkv | " + " | ".join(names) + " |",
+             "|---|---|---|---|" + "---|" * len(names)]
+    for p in results["points"]:
+        heads = f"{p['heads_q']}" if p["heads_q"] == p["heads_kv"] else f"{p['heads_q']}/{p['heads_kv']}"
+        texts = [_dropout_text(cells.get((p["key"], n))) for n in names]
+        lines.append(f"| {p['row']} | {p['mask']} | {p['seqlen']} | {p['batch']} x {heads} | "
+                     + " | ".join(texts) + " |")
+    return lines
 
 
 # ---------------------------------------------------------------------------- JSON
@@ -182,6 +305,9 @@ def merge_results(parts: list[dict], names: list[str]) -> dict:
     gpus = {part["env"].get("gpu") for part in parts}
     if len(gpus) != 1:
         raise ValueError(f"cannot merge results from different devices: {sorted(map(str, gpus))}")
+    dropouts = {dropout_p(part) for part in parts}
+    if len(dropouts) != 1:
+        raise ValueError(f"cannot merge runs with different --dropout values: {sorted(dropouts)}")
     merged = dict(parts[0], points=[], cells=[], implementations=[], unavailable={})
     seen = {}
     for part, name in zip(parts, names):
@@ -239,7 +365,7 @@ def _metric_table(results: dict, metric: str) -> list[str]:
 
 
 def _fmt_value(row: dict) -> str:
-    return "-" if row["value"] is None else f"{row['value']:.2f}x"
+    return "-" if row["value"] is None else f"{row['value']:.{row.get('digits', 2)}f}x"
 
 
 def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
@@ -274,7 +400,9 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
             f"4*B*H*S^2*D (halved causal), backward 2.5x; median time ({timer}, warm-up "
             f"{cfg.get('warmup_ms')} ms, window {cfg.get('rep_ms')} ms); backward = "
             f"`torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`; determinism: "
-            f"{cfg.get('repeats')} backward passes on the same inputs compared with `torch.equal`.",
+            f"{cfg.get('repeats')} backward passes on the same inputs compared with `torch.equal`."
+            + (f" Dropout: p = {dropout_p(results)}, seed {cfg.get('seed')} (see the dropout section)."
+               if dropout_p(results) > 0 else ""),
             "", "## Targets (ratios of cells measured in this run)", "",
             "| target | measured | goal | verdict | detail |", "|---|---|---|---|---|"]
     for row in evaluate_targets(results):
@@ -294,6 +422,19 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
     ]
     for title, metric, note in sections:
         out += ["", f"## {title}", "", note, ""] + _metric_table(results, metric)
+    if dropout_p(results) > 0:
+        p = dropout_p(results)
+        out += ["", f"## Dropout (p = {p}): forward + backward with dropout / without", "",
+                "Each figure: `cost (with / without ms)`, cost = with / without. Both are one forward plus "
+                "`torch.autograd.grad(out, (q, k, v), dout)`, timed in the same cell, one after the other, by the "
+                f"same timer and window as above, on the same inputs; the dropout call has a fixed seed "
+                f"({cfg.get('seed')}: ours pass it as `dropout_seed`, SDPA's generator is seeded with it once). "
+                "`no dropout`: the implementation has none (FA4, cuDNN, Flex): no figure. `nd`: our fixed-seed "
+                "dropout passes differed bitwise. `refused`/`error`: the dropout call failed (see Errors).", ""]
+        out += _dropout_table(results)
+        out += ["", "Its targets are the `dropout cost` rows of the Targets table: at most "
+                f"{DROPOUT_TARGETS[0].goal:.2f}x for every deterministic column of ours at hdim 128, S >= 2k "
+                "(causal and full), and below SDPA flash's own cost at every point."]
     out += ["", "## Implementations", "", "| name | what | claims deterministic |", "|---|---|---|"]
     for impl in results["implementations"]:
         out.append(f"| {impl['name']} | {impl['description']} | {impl.get('claims_deterministic')} |")
@@ -310,6 +451,8 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
     for c in results["cells"]:
         if c.get("status") not in ("ok", "skipped"):
             errors.setdefault((c["impl"], c.get("error", "")), []).append(c["point"])
+        elif c.get("dropout_error"):
+            errors.setdefault((c["impl"], "with dropout: " + c["dropout_error"]), []).append(c["point"])
     if errors:
         out += ["", "## Errors", ""]
         for (impl, message), points in errors.items():
@@ -383,7 +526,8 @@ def write_reports(results: dict, out_dir: str, *, command: Optional[str] = None,
     """results.json, results.md, results.png in out_dir; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     paths = {ext: os.path.join(out_dir, f"{stem}.{ext}") for ext in ("json", "md", "png")}
-    write_json(results, paths["json"])
+    summary = dropout_summary(results)
+    write_json(results if summary is None else dict(results, dropout=summary), paths["json"])
     write_markdown(results, paths["md"], command=command)
     try:
         write_plot(results, paths["png"])

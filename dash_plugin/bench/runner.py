@@ -1,5 +1,7 @@
 """Measure every (point, implementation) cell: forward and backward time, bitwise determinism of
 the backward, peak extra memory, and the error against the point's first successful implementation.
+With a dropout probability (``dash-bench --dropout P``) also forward + backward timed without and
+with dropout, side by side in the same cell, and their ratio (the cost of dropout).
 
 A cell that fails records its status and message and the run goes on. All figures of one run
 come from one process, so every ratio in the report compares numbers taken side by side.
@@ -31,6 +33,7 @@ class Settings:
     warmup_ms: float = 25.0   # do_bench warm-up
     rep_ms: float = 100.0     # do_bench measuring window
     seed: int = 0
+    dropout_p: float = 0.0    # > 0: also time forward + backward with this dropout (seed: `seed`)
 
     def __post_init__(self):
         if not isinstance(self.repeats, int) or self.repeats < 2:
@@ -38,6 +41,8 @@ class Settings:
                              f"got {self.repeats!r}")
         if self.warmup_ms < 0 or self.rep_ms <= 0:
             raise ValueError(f"warmup_ms must be >= 0 and rep_ms > 0, got {self.warmup_ms}, {self.rep_ms}")
+        if not (isinstance(self.dropout_p, (int, float)) and 0.0 <= self.dropout_p < 1.0):
+            raise ValueError(f"dropout_p must be a number in [0, 1) (0: no dropout), got {self.dropout_p!r}")
 
 
 # ---------------------------------------------------------------------------- timing
@@ -226,7 +231,10 @@ def run_cell(impl: Impl, point: Point, inputs, device: torch.device, settings: S
             else:
                 cell["max_rel_err"] = max(max_rel_err(mine[n], reference[n]) for n in ("out", "dq", "dk", "dv"))
             cell["err_ref"] = impl.name if reference is None else reference["impl"]
-            del out, first, mine, q, k, v, dout
+            del out, first, mine
+            if settings.dropout_p > 0:
+                cell.update(measure_dropout(impl, point, (q, k, v, dout), fn, device, settings))
+            del q, k, v, dout
     except Exception as exc:  # a failing implementation must never stop the run
         cell["status"] = classify_error(exc)
         cell["error"] = f"{type(exc).__name__}: {str(exc).strip()}"[:2000]
@@ -235,6 +243,61 @@ def run_cell(impl: Impl, point: Point, inputs, device: torch.device, settings: S
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return cell, ref_tensors
+
+
+# ---------------------------------------------------------------------------- dropout
+def measure_dropout(impl: Impl, point: Point, tensors, fn: Callable, device: torch.device,
+                    settings: Settings) -> dict:
+    """The dropout figures of one cell (called inside the implementation's context, after its other
+    figures): one training step, forward + ``torch.autograd.grad``, timed by ``bench_ms`` without
+    dropout and with ``settings.dropout_p`` (seed ``settings.seed``), back to back with the same
+    protocol and inputs, and their ratio ``dropout_cost`` = with / without. With a fixed seed
+    (ours) the dropout steps are also compared bitwise (``settings.repeats`` of them).
+
+    An implementation without dropout gets ``dropout_status`` "no dropout", and no figure; a
+    failure of the dropout call is recorded in ``dropout_status``/``dropout_error`` alone (the
+    cell's other figures stand)."""
+    if impl.build_dropout is None:
+        return {"dropout_status": "no dropout", "dropout_note": impl.no_dropout}
+    q, k, v, dout = tensors
+    fig = {"dropout_status": "ok"}
+    try:
+        with_fn = impl.build_dropout(point, device, settings.dropout_p, settings.seed)
+
+        def step(f):
+            def run():
+                out = first_output(f(q, k, v))
+                return (out.detach(), *torch.autograd.grad(out, (q, k, v), dout))
+            return run
+
+        without, with_dropout = step(fn), step(with_fn)
+        first = with_dropout()   # warm-up: a dropout variant may compile
+        if not _all_finite(first):
+            raise FloatingPointError("non-finite values in the output or the gradients with dropout")
+        if impl.family == "dash":
+            # A fixed seed: the same mask on every pass, so a deterministic schedule repeats its bits.
+            mismatches = 0
+            for _ in range(settings.repeats - 1):
+                again = with_dropout()
+                mismatches += not all(torch.equal(a, b) for a, b in zip(first, again))
+                del again
+            fig.update(dropout_det_runs=settings.repeats, dropout_det_mismatches=mismatches,
+                       dropout_deterministic=mismatches == 0)
+        del first
+        _sync(device)
+        fig["dropout_off_ms"] = bench_ms(without, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
+        fig["dropout_on_ms"] = bench_ms(with_dropout, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
+        fig["dropout_cost"] = fig["dropout_on_ms"] / fig["dropout_off_ms"]
+    except Exception as exc:
+        status = classify_error(exc)
+        if status == "error" and isinstance(exc, ValueError) and "cannot run this call" in str(exc):
+            status = "refused"   # a named backend without dropout says so by name
+        fig = {"dropout_status": status, "dropout_error": f"{type(exc).__name__}: {str(exc).strip()}"[:2000]}
+    return fig
+
+
+def dropout_failed(cell: dict) -> bool:
+    return cell.get("dropout_status") not in (None, "ok", "no dropout")
 
 
 # ---------------------------------------------------------------------------- environment
@@ -282,8 +345,19 @@ def _fmt_cell(cell: dict) -> str:
     mem = cell.get("bwd_extra_bytes")
     mem_s = f", bwd extra {mem / MIB:.1f} MiB" if mem is not None else ""
     det = "yes" if cell["deterministic"] else f"NO ({cell['det_mismatches']}/{cell['det_runs'] - 1} differ)"
-    return (f"fwd {cell['fwd_tflops']:.1f} TFLOP/s, bwd {cell['bwd_tflops']:.1f} TFLOP/s, det {det}{mem_s}, "
+    text = (f"fwd {cell['fwd_tflops']:.1f} TFLOP/s, bwd {cell['bwd_tflops']:.1f} TFLOP/s, det {det}{mem_s}, "
             f"err {cell['max_rel_err']:.1e}")
+    status = cell.get("dropout_status")
+    if status == "ok":
+        text += (f"; dropout fwd+bwd {cell['dropout_on_ms']:.3g} ms vs {cell['dropout_off_ms']:.3g} ms without "
+                 f"({cell['dropout_cost']:.3f}x)")
+        if cell.get("dropout_deterministic") is False:
+            text += f", NOT bitwise ({cell['dropout_det_mismatches']}/{cell['dropout_det_runs'] - 1} differ)"
+    elif status == "no dropout":
+        text += "; no dropout"
+    elif status is not None:
+        text += f"; dropout {status}: {cell.get('dropout_error', '')[:160]}"
+    return text
 
 
 def _exit_after_hang() -> None:
@@ -326,7 +400,8 @@ def run_benchmark(points: list[Point], impls: list[Impl], device: torch.device, 
         "format": FORMAT,
         "env": environment(device),
         "config": dict(config or {}, repeats=settings.repeats, warmup_ms=settings.warmup_ms,
-                       rep_ms=settings.rep_ms, seed=settings.seed, max_minutes=max_minutes),
+                       rep_ms=settings.rep_ms, seed=settings.seed, max_minutes=max_minutes,
+                       dropout_p=settings.dropout_p),
         "implementations": [i.describe() for i in impls],
         "unavailable": dict(unavailable or {}),
         "points": [p.to_dict() for p in points],
@@ -370,7 +445,7 @@ def run_benchmark(points: list[Point], impls: list[Impl], device: torch.device, 
                 reference = ref
             results["cells"].append(cell)
             log(f"  ({done}/{total}) {impl.name}: {_fmt_cell(cell)}  [{cell['seconds']:.1f}s]")
-            if cell["status"] != "ok" and not device_usable(device):
+            if (cell["status"] != "ok" or dropout_failed(cell)) and not device_usable(device):
                 stop_reason = f"the GPU context is unusable after {impl.name} failed at {point.key}"
                 log(f"  stopping: {stop_reason}")
         del inputs, reference
