@@ -23,14 +23,11 @@ from dash_plugin import dispatch
 from dash_plugin.kernels import hopper
 from dash_plugin.schedules import registry
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available()
-                                 or torch.cuda.get_device_capability()[0] != 9
-                                 or not hopper.available(),
-                                 reason="needs an sm90 GPU and the hopper extra")]
+from tests.gpu_oracle import HOPPER_SKIP, oracle_and_bf16_math, rel
+from tests.hardening_helpers import LoadProcess, count_mismatching_passes, hang_guard, sha256
+from tests.math_attention import math_attention
 
-from tests.hardening_helpers import LoadProcess, count_mismatching_passes, hang_guard, sha256  # noqa: E402
-from tests.math_attention import math_attention  # noqa: E402
+pytestmark = [pytest.mark.gpu, HOPPER_SKIP]
 
 SCHEDULES = tuple(s for s in registry.names() if "hopper" in registry.get(s).backends)
 ORDERED = tuple(s for s in SCHEDULES if registry.get(s).ordered)
@@ -52,29 +49,6 @@ def backward(p, schedule):
                                        schedule=schedule, deterministic=schedule != "atomic", backend="hopper")
 
 
-def rel(a, b):
-    return ((a.double().cpu() - b).norm() / b.norm()).item()
-
-
-def oracle_and_bf16_math(p):
-    q, k, v, do, causal = p["q"], p["k"], p["v"], p["do"], p["causal"]
-    b, s, hq, d = q.shape
-    ref = []
-    for i in range(b):
-        qi, ki, vi = (t[i].detach().double().cpu().requires_grad_() for t in (q, k, v))
-        o, _ = math_attention(qi, ki, vi, causal=causal)
-        ref.append(torch.autograd.grad(o, (qi, ki, vi), do[i].double().cpu()))
-    ref = [torch.stack([r[j] for r in ref]) for j in range(3)]
-    qx, kx, vx = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    ke, ve = (t.repeat_interleave(hq // k.shape[2], dim=2) for t in (kx, vx))
-    sc = torch.einsum("bqhd,bkhd->bhqk", qx, ke) * d ** -0.5
-    if causal:
-        sc = sc.masked_fill(torch.ones(s, s, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
-    o = torch.einsum("bhqk,bkhd->bqhd", sc.softmax(-1), ve)
-    base = torch.autograd.grad(o, (qx, kx, vx), do)
-    return ref, [rel(x, r) for x, r in zip(base, ref)]
-
-
 SHAPES = {"mha": (2, 1000, 4, 4), "gqa4": (2, 1024, 8, 2)}
 
 
@@ -84,7 +58,8 @@ def checked_problem(request):
     name, d, causal = request.param
     b, s, hq, hkv = SHAPES[name]
     p = problem(b, s, hq, hkv, d, causal)
-    return p, *oracle_and_bf16_math(p)
+    oracle = oracle_and_bf16_math(p["q"], p["k"], p["v"], p["do"], causal=causal)
+    return p, oracle.grads, oracle.grad_bars
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

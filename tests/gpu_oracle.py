@@ -1,0 +1,79 @@
+"""Helpers shared by the GPU tests of the backends (tests/test_gpu_hopper.py, tests/test_gpu_dropout.py).
+
+- the float64 oracle (tests/math_attention.py, per sequence, autograd for the gradients) and the
+  error bar of the FlashAttention papers: twice the error of plain bf16 PyTorch math against it;
+- the dropout keep-mask of a dense batch, as kernels/philox.py defines it;
+- whether the Hopper backend can run here (an sm90 GPU and the `hopper` extra).
+
+Importable without CUDA (nothing runs at import).
+"""
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from dash_plugin.kernels import hopper
+from dash_plugin.kernels.philox import dropout_keep_mask
+from tests.math_attention import math_attention
+
+
+def hopper_ready() -> bool:
+    """The Hopper backend runs here: an sm90 GPU and the `hopper` extra."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9 and hopper.available()
+
+
+HOPPER_SKIP = pytest.mark.skipif(not hopper_ready(), reason="needs an sm90 GPU and the hopper extra")
+
+
+def rel(a, b):
+    """Relative L2 error of a (any device, any dtype) against the float64 CPU tensor b."""
+    return ((a.double().cpu() - b).norm() / b.norm()).item()
+
+
+def keep_scale(p: float) -> float:
+    """The factor a kept element is scaled by (kernels/philox.py; imported when first needed)."""
+    from dash_plugin.kernels.philox import keep_scale as scale
+    return scale(p)
+
+
+def keep_mask(seed: int, p: float, batch: int, heads: int, seqlen_q: int, seqlen_k: int, device="cpu"):
+    """(B, H_q, S_q, S_k) bool: kept elements of a dense batch (batch b, query head h, row i, column j)."""
+    def idx(n, dim):
+        shape = [1, 1, 1, 1]
+        shape[dim] = n
+        return torch.arange(n, device=device).view(shape)
+    return dropout_keep_mask(seed, p, idx(batch, 0), idx(heads, 1), idx(seqlen_q, 2), idx(seqlen_k, 3))
+
+
+class Oracle(NamedTuple):
+    out: torch.Tensor        # float64 (B, S, H_q, D) on the CPU
+    grads: list              # dq, dk, dv, float64 on the CPU
+    out_bar: float           # rel error of bf16 PyTorch math's out against `out`
+    grad_bars: list          # ... of its dq, dk, dv against `grads`
+
+
+def oracle_and_bf16_math(q, k, v, do, *, causal, dropout_p=0.0, seed=0):
+    """The float64 oracle of dense (B, S, H, D) bf16 CUDA inputs (equal lengths), and the error of
+    plain bf16 PyTorch math (the same mask and dropout mask) against it: the bar, times 2, that
+    a kernel's out / dq / dk / dv must stay under."""
+    b, s, hq, d = q.shape
+    outs, ref = [], []
+    for i in range(b):
+        qi, ki, vi = (t[i].detach().double().cpu().requires_grad_() for t in (q, k, v))
+        o, _ = math_attention(qi, ki, vi, causal=causal, dropout_p=dropout_p, seed=seed, batch_index=i)
+        outs.append(o.detach())
+        ref.append(torch.autograd.grad(o, (qi, ki, vi), do[i].double().cpu()))
+    ref = [torch.stack([r[j] for r in ref]) for j in range(3)]
+    out = torch.stack(outs)
+    qx, kx, vx = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    ke, ve = (t.repeat_interleave(hq // k.shape[2], dim=2) for t in (kx, vx))
+    sc = torch.einsum("bqhd,bkhd->bhqk", qx, ke) * d ** -0.5
+    if causal:
+        sc = sc.masked_fill(torch.ones(s, s, device=q.device, dtype=torch.bool).triu(1), float("-inf"))
+    probs = sc.softmax(-1)
+    if dropout_p > 0:   # as F.dropout on bf16: the product in fp32, rounded to bf16
+        drop = keep_mask(seed, dropout_p, b, hq, s, s, device=q.device).float() * keep_scale(dropout_p)
+        probs = (probs.float() * drop).to(probs.dtype)
+    o = torch.einsum("bhqk,bkhd->bqhd", probs, ve)
+    base = torch.autograd.grad(o, (qx, kx, vx), do)
+    return Oracle(out, ref, rel(o, out), [rel(x, r) for x, r in zip(base, ref)])

@@ -1,0 +1,259 @@
+"""GPU tests of dropout on both kernel backends, Triton and Hopper (marker `gpu`; skipped without
+CUDA; the Hopper cases also without an sm90 GPU and the `hopper` extra). Every call goes through
+`dash_plugin.flash_attention(..., dropout_p=, dropout_seed=, backend=, schedule=)`, bf16, head dims
+64 and 128, MHA and GQA 4:1, causal and full, every deterministic schedule of each backend.
+
+a. The forward's mask, read out exactly: with q = k = 0 every visible key of row i gets P = 1/n_i,
+   and with V = identity (S_k = head dim) out[b, i, h, j] = keep(b, h, i, j) * keep_scale(p) / n_i.
+   The decisions (out != 0) must equal `dropout_keep_mask` bit for bit, on both backends (so the
+   backends draw one mask), and the kept values keep_scale(p) / n_i within bf16 rounding.
+b. The backward's mask, read out through dV: same q, k, and dO = identity rows (S_q = head dim),
+   so dV[b, j, hkv, i] = keep_scale(p) / n_i * (number of kept (h, i, j) over the KV head's query
+   heads): the counts must equal the mask's, for every schedule.
+c. out, dq, dk, dv with dropout (p = 0.1, 0.3) against the float64 oracle with the same mask,
+   within twice the error of plain bf16 PyTorch math (tests/gpu_oracle.py).
+d. The keep rate over 2**20 elements, within 5 sigma of 1 - round(65536 p) / 65536 (p = 0.1, 0.5).
+e. 1,000 forward + backward passes with dropout bitwise equal to a pass taken before another
+   process started loading the GPU, per deterministic schedule and backend; different seeds (also
+   seeds that differ only above bit 32) give different masks, each the definition's.
+"""
+import os
+
+import pytest
+import torch
+
+import dash_plugin
+from dash_plugin.schedules import registry
+from tests.gpu_oracle import HOPPER_SKIP, hopper_ready, keep_mask, keep_scale, oracle_and_bf16_math, rel
+from tests.hardening_helpers import LoadProcess, count_mismatching_passes, dense_inputs, hang_guard
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+BACKENDS = ("triton", "hopper")
+SCHEDULES = {b: tuple(s for s in registry.names(deterministic=True) if b in registry.get(s).backends)
+             for b in BACKENDS}
+N_PASSES = int(os.environ.get("DASH_DETERMINISM_PASSES", "1000"))
+SEED = 20240611
+DEVICE = "cuda"
+HEADS = {"mha": (4, 4), "gqa4": (8, 2)}     # (H_q, H_kv)
+# A kept value goes through at most two bf16 roundings (P * keep * scale before the PV / P^T dO
+# product, then the result), each within 2**-9 relative; 2**-7 leaves room for the fp32 sums.
+BF16_ROUNDING = 2.0 ** -7
+
+
+def runs(backend, schedule, causal):
+    """The Hopper grid refuses the causal symmetric shift by name (tests/test_gpu_hopper.py asserts it)."""
+    return not (backend == "hopper" and schedule == "shift" and causal)
+
+
+def param(backend, *rest):
+    return pytest.param(backend, *rest, marks=HOPPER_SKIP) if backend == "hopper" else pytest.param(backend, *rest)
+
+
+def attention(q, k, v, *, backend, causal, dropout_p, seed, schedule="ascending"):
+    """flash_attention on the named backend, checked to have run there."""
+    out = dash_plugin.flash_attention(q, k, v, causal=causal, dropout_p=dropout_p, dropout_seed=seed,
+                                      schedule=schedule, deterministic=True, backend=backend)
+    got = dash_plugin.last_resolved()
+    assert (got.concrete_backend, got.concrete_schedule) == (backend, schedule), got.describe()
+    return out
+
+
+def step(q, k, v, do, *, backend, schedule, causal, dropout_p, seed):
+    """One forward + backward through the API: (out, dq, dk, dv)."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = dash_plugin.flash_attention(*leaves, causal=causal, dropout_p=dropout_p, dropout_seed=seed,
+                                      schedule=schedule, deterministic=True, backend=backend)
+    return (out.detach(), *torch.autograd.grad(out, leaves, do))
+
+
+def visible(seqlen_q, seqlen_k, causal):
+    """(S_q, S_k) bool: keys each row attends to (causal: bottom-right aligned)."""
+    i = torch.arange(seqlen_q)[:, None] + (seqlen_k - seqlen_q)
+    j = torch.arange(seqlen_k)[None, :]
+    return j <= i if causal else torch.ones(seqlen_q, seqlen_k, dtype=torch.bool)
+
+
+def identity(batch, seqlen, heads, d, dtype=torch.bfloat16):
+    """(B, S, H, D) with x[b, i, h] = e_i (S = D)."""
+    return torch.eye(seqlen, d, device=DEVICE, dtype=dtype).view(1, seqlen, 1, d).expand(
+        batch, seqlen, heads, d).contiguous()
+
+
+def forward_readout(backend, *, batch, hq, hkv, seqlen_q, d, causal, p, seed):
+    """out of q = k = 0, V = identity (S_k = d), as (B, H_q, S_q, S_k) float64 on the CPU."""
+    zeros = lambda s, h: torch.zeros(batch, s, h, d, device=DEVICE, dtype=torch.bfloat16)  # noqa: E731
+    out = attention(zeros(seqlen_q, hq), zeros(d, hkv), identity(batch, d, hkv, d), backend=backend, causal=causal,
+                    dropout_p=p, seed=seed)
+    return out.permute(0, 2, 1, 3).double().cpu()
+
+
+def check_counts(got, counts, scale_over_n, what):
+    """got (float64) = counts * scale_over_n within bf16 rounding, zero exactly where counts are 0."""
+    read = torch.round(got / scale_over_n).long()
+    bad = read != counts
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.numel()} mask decisions differ from "
+                           f"dropout_keep_mask; first at {bad.nonzero()[0].tolist()}")
+    assert torch.equal(got == 0, counts == 0), f"{what}: dropped or masked elements are not exactly 0"
+    kept = counts > 0
+    want = (counts * scale_over_n)[kept]
+    err = ((got[kept] - want).abs() / want).max().item()
+    assert err <= BF16_ROUNDING, f"{what}: kept values off by {err:.2e} relative (bf16 rounding: {BF16_ROUNDING:.2e})"
+
+
+# ---------------------------------------------------------------- a. the forward's mask
+FWD_CASES = [param(b, d, h, c, sq) for b in BACKENDS for d in (64, 128) for h in HEADS for c in (False, True)
+             for sq in ((d,) if b == "hopper" else (d, 4 * d))]   # Hopper: seqlen_q == seqlen_k only
+
+
+@pytest.mark.parametrize("backend, d, heads, causal, seqlen_q", FWD_CASES)
+def test_forward_mask_read_out_exactly(backend, d, heads, causal, seqlen_q):
+    hq, hkv = HEADS[heads]
+    p, batch = 0.3, 2
+    got = forward_readout(backend, batch=batch, hq=hq, hkv=hkv, seqlen_q=seqlen_q, d=d, causal=causal, p=p,
+                          seed=SEED)
+    vis = visible(seqlen_q, d, causal)
+    counts = (keep_mask(SEED, p, batch, hq, seqlen_q, d) & vis).long()
+    n = vis.sum(-1, keepdim=True).clamp_min(1).double()
+    check_counts(got, counts, keep_scale(p) / n, f"{backend} forward")
+
+
+# ---------------------------------------------------------------- b. the backward's mask, through dV
+BWD_CASES = [param(b, s, d, h, c, sk) for b in BACKENDS for s in SCHEDULES[b] for d in (64, 128) for h in HEADS
+             for c in (False, True) for sk in ((d,) if b == "hopper" else (d, 2 * d)) if runs(b, s, c)]
+
+
+@pytest.mark.parametrize("backend, schedule, d, heads, causal, seqlen_k", BWD_CASES)
+def test_backward_mask_read_out_exactly_through_dv(backend, schedule, d, heads, causal, seqlen_k):
+    hq, hkv = HEADS[heads]
+    p, batch, seqlen_q = 0.3, 2, d
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    q = torch.zeros(batch, seqlen_q, hq, d, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.zeros(batch, seqlen_k, hkv, d, device=DEVICE, dtype=torch.bfloat16)
+    v = torch.randn(batch, seqlen_k, hkv, d, device=DEVICE, dtype=torch.bfloat16, generator=g)
+    do = identity(batch, seqlen_q, hq, d)
+    _, _, _, dv = step(q, k, v, do, backend=backend, schedule=schedule, causal=causal, dropout_p=p, seed=SEED)
+    assert dash_plugin.last_resolved().concrete_backend == backend
+    got = dv.permute(0, 2, 3, 1).double().cpu()             # (B, H_kv, i, j)
+    vis = visible(seqlen_q, seqlen_k, causal)
+    keep = keep_mask(SEED, p, batch, hq, seqlen_q, seqlen_k) & vis
+    counts = keep.view(batch, hkv, hq // hkv, seqlen_q, seqlen_k).sum(2)   # query heads h // group share a KV head
+    n = vis.sum(-1, keepdim=True).clamp_min(1).double()
+    check_counts(got, counts, keep_scale(p) / n, f"{backend} {schedule} dV")
+
+
+# ---------------------------------------------------------------- c. against the float64 oracle
+SHAPES = {"mha": (2, 1000, 4, 4), "gqa4": (2, 1024, 8, 2)}   # (B, S, H_q, H_kv), as tests/test_gpu_hopper.py
+
+
+@pytest.fixture(scope="module", params=[(n, d, c, p) for n in SHAPES for d in (64, 128) for c in (True, False)
+                                        for p in (0.1, 0.3)],
+                ids=lambda x: f"{x[0]}-d{x[1]}-{'causal' if x[2] else 'full'}-p{x[3]}")
+def oracle_problem(request):
+    name, d, causal, p = request.param
+    b, s, hq, hkv = SHAPES[name]
+    q, k, v, do = dense_inputs((b, s, s, hq, hkv, d), torch.bfloat16, DEVICE, seed=7)
+    oracle = oracle_and_bf16_math(q, k, v, do, causal=causal, dropout_p=p, seed=SEED)
+    return dict(q=q, k=k, v=v, do=do, causal=causal, p=p), oracle
+
+
+@pytest.mark.parametrize("backend, schedule", [param(b, s) for b in BACKENDS for s in SCHEDULES[b]])
+def test_matches_float64_oracle_with_the_same_mask(oracle_problem, backend, schedule):
+    pr, oracle = oracle_problem
+    kw = dict(backend=backend, schedule=schedule, causal=pr["causal"], dropout_p=pr["p"], seed=SEED)
+    if not runs(backend, schedule, pr["causal"]):
+        with pytest.raises(ValueError, match="causal symmetric shift"):
+            step(pr["q"], pr["k"], pr["v"], pr["do"], **kw)
+        return
+    got = step(pr["q"], pr["k"], pr["v"], pr["do"], **kw)
+    assert dash_plugin.last_resolved().concrete_backend == backend
+    for name, x, want, bar in zip(("out", "dq", "dk", "dv"), got, [oracle.out, *oracle.grads],
+                                  [oracle.out_bar, *oracle.grad_bars]):
+        assert torch.isfinite(x).all(), f"{name}: NaN/inf"
+        err = rel(x, want)
+        assert err <= 2 * bar, f"{name}: error {err:.2e} > 2 x bf16 math {bar:.2e}"
+
+
+# ---------------------------------------------------------------- d. the keep rate
+@pytest.mark.parametrize("backend, p", [param(b, p) for b in BACKENDS for p in (0.1, 0.5)])
+def test_keep_rate_over_a_million_elements(backend, p):
+    batch, heads, d = 4, 16, 128
+    got = forward_readout(backend, batch=batch, hq=heads, hkv=heads, seqlen_q=d, d=d, causal=False, p=p, seed=SEED)
+    keep = keep_mask(SEED, p, batch, heads, d, d)
+    check_counts(got, keep.long(), torch.tensor(keep_scale(p) / d, dtype=torch.float64), f"{backend} forward")
+    n = got.numel()
+    assert n >= 2 ** 20
+    rate = (got != 0).double().mean().item()
+    want = 1 - round(65536 * p) / 65536
+    sigma = (want * (1 - want) / n) ** 0.5
+    print(f"[dropout keep rate] {backend} p={p}: {rate:.6f} over {n} elements, expected {want:.6f} "
+          f"({(rate - want) / sigma:+.2f} sigma)")
+    assert abs(rate - want) <= 5 * sigma
+
+
+# ---------------------------------------------------------------- e. bitwise over many passes, seeds
+PASS_CASES = [param(b, s, c) for b in BACKENDS for s in SCHEDULES[b] for c in (True, False) if runs(b, s, c)]
+PASS_SHAPE = (2, 1024, 1024, 8, 2, 128)   # (B, S_q, S_k, H_q, H_kv, D): GQA 4:1, eight KV tiles
+PASS_P = 0.1
+
+
+@pytest.fixture(scope="module")
+def loaded_gpu():
+    """Inputs per mask, each case's first pass taken before the load starts, and the load process."""
+    problems = {c: dense_inputs(PASS_SHAPE, torch.bfloat16, DEVICE, seed=2) for c in (True, False)}
+    unloaded = {}
+    for case in PASS_CASES:
+        backend, schedule, causal = case.values
+        if backend == "hopper" and not hopper_ready():
+            continue
+        try:
+            unloaded[case.values] = step(*problems[causal], backend=backend, schedule=schedule, causal=causal,
+                                         dropout_p=PASS_P, seed=SEED)
+        except Exception as exc:  # raised again by that case's test, not by every test of the fixture
+            unloaded[case.values] = exc
+    torch.cuda.synchronize()
+    proc = LoadProcess()
+    try:
+        yield problems, unloaded, proc
+    finally:
+        proc.stop()
+    assert proc.matmuls and proc.matmuls > 10, "the load process did not keep the GPU busy"
+
+
+@pytest.mark.parametrize("backend, schedule, causal", PASS_CASES)
+def test_bitwise_equal_over_many_passes_with_dropout_under_another_process(loaded_gpu, backend, schedule, causal):
+    problems, unloaded, load = loaded_gpu
+    first = unloaded[(backend, schedule, causal)]
+    if isinstance(first, Exception):
+        raise first
+    kw = dict(backend=backend, schedule=schedule, causal=causal, dropout_p=PASS_P, seed=SEED)
+    with hang_guard(600):
+        bad = count_mismatching_passes(lambda: step(*problems[causal], **kw), N_PASSES, reference=first)
+    assert load.alive(), f"load process died: {load.stderr()}"
+    print(f"[dropout load] {backend} {schedule} {'causal' if causal else 'full'}: {N_PASSES} passes of out, dq, "
+          f"dk, dv, {bad} mismatching")
+    assert bad == 0
+
+
+@pytest.mark.parametrize("backend", [param(b) for b in BACKENDS])
+def test_different_seeds_give_different_masks(backend):
+    p, batch, heads, d = 0.3, 2, 4, 128
+    seeds = (SEED, SEED + 1, SEED + 2 ** 32)   # the last differs only in the key's high word
+    masks = []
+    for seed in seeds:
+        got = forward_readout(backend, batch=batch, hq=heads, hkv=heads, seqlen_q=d, d=d, causal=False, p=p,
+                              seed=seed)
+        keep = keep_mask(seed, p, batch, heads, d, d)
+        check_counts(got, keep.long(), torch.tensor(keep_scale(p) / d, dtype=torch.float64),
+                     f"{backend} forward, seed {seed}")
+        masks.append(got != 0)
+    expected = 2 * p * (1 - p)   # independent masks differ at this fraction of the elements
+    for i in range(len(seeds)):
+        for j in range(i):
+            differ = (masks[i] != masks[j]).double().mean().item()
+            assert differ > expected / 2, f"seeds {seeds[j]} and {seeds[i]}: masks differ at {differ:.3f} only"
+    # ... and so do the outputs and the gradients of a random problem
+    q, k, v, do = dense_inputs((2, 512, 512, 4, 4, 128), torch.bfloat16, DEVICE, seed=3)
+    a, b = (step(q, k, v, do, backend=backend, schedule="ascending", causal=True, dropout_p=p, seed=s)
+            for s in seeds[:2])
+    assert not any(torch.equal(x, y) for x, y in zip(a, b))
