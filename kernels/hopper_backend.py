@@ -2,8 +2,8 @@
 plan, and the sm90 forward (docs/hopper-backend.md).
 
 It covers dense batches with equal lengths, causal or full masks, head dims 64/96/128 in
-fp16/bf16, without softcap, window or dropout; `supports` names what else is missing, and the
-`auto` rule then takes the Triton backend.
+fp16/bf16, with or without dropout, without softcap or window; `supports` names what else is
+missing, and the `auto` rule then takes the Triton backend.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class HopperBackend:
             return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
         for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"), (r.varlen, "varlen"), (r.seqlen_q != r.seqlen_k, "seqlen_q != seqlen_k"),
                               (r.window_left >= 0 or (r.window_right >= 0 and not r.causal), "sliding window"),
-                              (r.softcap, "softcap"), (r.dropout, "dropout"),
+                              (r.softcap, "softcap"),
                               (r.causal and r.schedule == "shift", "the causal symmetric shift (two KV tiles per worker)")):
             if missing:
                 return f"{what} runs on the Triton backend"
@@ -62,12 +62,14 @@ class HopperBackend:
         # One CTA per SM (the kernel's shared memory allows no second), dispatched in launch order.
         return DeviceProps(torch.cuda.get_device_properties(device).multi_processor_count, concurrent=True)
 
-    def forward(self, q, k, v, *, softmax_scale, causal=False, **_unused):
+    def forward(self, q, k, v, *, softmax_scale, causal=False, dropout_p=0.0, seed=0, **_unused):
         if q.shape[0] == 0:   # an empty batch: nothing to launch
             return torch.empty_like(q), torch.empty(0, q.shape[2], q.shape[1], device=q.device)
-        return hopper.attention_forward(q, k, v, softmax_scale=softmax_scale, causal=causal)
+        return hopper.attention_forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                                        dropout_p=dropout_p, seed=seed)
 
-    def backward(self, plan, dout, q, k, v, out, lse, *, softmax_scale, causal=False, **_unused):
+    def backward(self, plan, dout, q, k, v, out, lse, *, softmax_scale, causal=False, dropout_p=0.0, seed=0,
+                 **_unused):
         if q.shape[0] == 0:
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         tables = self._tables.get(plan)
@@ -76,7 +78,8 @@ class HopperBackend:
             hopper.check_waits_follow_launch(tables)
             self._tables[plan] = tables
         return hopper.attention_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
-                                         tables=tables, deterministic=plan.spec.deterministic)
+                                         tables=tables, deterministic=plan.spec.deterministic,
+                                         dropout_p=dropout_p, seed=seed)
 
 
 BACKEND = HopperBackend()

@@ -25,11 +25,16 @@ def available() -> bool:
         return False
 
 
-def attention_forward(q, k, v, *, softmax_scale: float, causal: bool):
+def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, dropout_p: float = 0.0, seed: int = 0):
     """(out, lse) of dense (B, S, H, D) fp16/bf16 inputs: FA4's sm90 forward kernel (warp-specialised,
     TMA loads, `wgmma`, softmax overlapped with the next tile's products), called as a library. No
     split-KV combine, so the output does not depend on timing; lse is the natural-log (B, H, S) fp32
-    that the backward reads."""
+    that the backward reads. With dropout_p > 0 the kernel is our subclass that drops P in
+    registers (dropout_sm90), with the mask of kernels/philox.py."""
+    if dropout_p > 0:
+        from . import dropout_sm90
+        return dropout_sm90.attention_forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                                              dropout_p=dropout_p, seed=seed)
     from flash_attn.cute.interface import _flash_attn_fwd
     out, lse = _flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, num_splits=1,
                                return_lse=True)[:2]
@@ -37,11 +42,13 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool):
 
 
 def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal: bool,
-                       tables: VisitTables, deterministic: bool):
-    """(dq, dk, dv) of dense (B, S, H, D) fp16/bf16 inputs, in the order of `tables`."""
+                       tables: VisitTables, deterministic: bool, dropout_p: float = 0.0, seed: int = 0):
+    """(dq, dk, dv) of dense (B, S, H, D) fp16/bf16 inputs, in the order of `tables`; dropout
+    draws the forward's mask again (same seed)."""
     from . import bwd_sm90
     return bwd_sm90.attention_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale,
-                                       causal=causal, tables=tables, deterministic=deterministic)
+                                       causal=causal, tables=tables, deterministic=deterministic,
+                                       dropout_p=dropout_p, seed=seed)
 
 
 __all__ = ["HEAD_DIMS", "RESIDENT_SLOTS", "Unsupported", "VisitTables", "attention_backward", "attention_forward",

@@ -25,16 +25,18 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import const_expr
+from cutlass import Float32, const_expr
+from cutlass.cute.nvgpu import warpgroup
 from flash_attn.cute import barrier
 from flash_attn.cute import interface as fa4
 from flash_attn.cute import utils as fa4_utils
 from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch, to_cute_block_sparse_tensors
-from flash_attn.cute.cute_dsl_utils import to_cute_tensor, torch2cute_dtype_map
+from flash_attn.cute.cute_dsl_utils import to_cute_aux_tensor, to_cute_tensor, torch2cute_dtype_map
 from flash_attn.cute.flash_bwd_sm90 import FlashAttentionBackwardSm90
 from flash_attn.cute.named_barrier import NamedBarrierBwd
-from quack import copy_utils
+from quack import copy_utils, layout_utils
 
+from . import dropout_sm90
 from .tile_table import bwd_tiles
 from .visit_tables import VisitTables
 
@@ -42,9 +44,10 @@ from .visit_tables import VisitTables
 class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     """FA4's sm90 backward with a dQ writer that adds in the plan's order."""
 
-    def __init__(self, *args, kv_descending: bool, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args, kv_descending: bool, dropout: bool = False, **kwargs):
+        super().__init__(*args, has_aux_tensors=dropout, **kwargs)
         self.kv_descending = kv_descending
+        self.dropout = dropout
 
     # FA4's __call__ derives `spt` from the mask and hands it to its tile scheduler as the
     # launch direction of the KV tiles. Here the plan decides the direction, so the
@@ -116,6 +119,112 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
 
 
+    def mma_one_m_block(self, *args, **kwargs):
+        """One Q tile of a KV tile's loop: FA4's step, or ours when dropout is on."""
+        if not self.dropout:
+            return super().mma_one_m_block(*args, **kwargs)
+        return self._mma_one_m_block_dropout(*args, **kwargs)
+
+    @cute.jit
+    def _mma_one_m_block_dropout(
+        self, m_block, consumer_state_Q, consumer_state_dO, warp_group_idx, mma_qk_fn, mma_dov_fn,
+        mma_pdo_fn, mma_dsq_fn, mma_dsk_fn, copy_P_r2s, copy_dS_r2s, pipeline_Q, pipeline_dO,
+        tLSEsLSE, tLSEsdPsum, tdQsdQaccum, softmax_scale_log2, PdS_barrier,
+        is_dQ_wg: cutlass.Constexpr[bool] = True, mask_fn=None, score_mod_fn=None, score_mod_bwd_fn=None,
+        dKV_accumulate=True,
+    ):
+        """FA4's step (products, pipelines and barriers in its order) with dropout between
+        P and its two uses: dV takes P * keep * scale, and dS = P * (dP * keep * scale - dPsum).
+        The mask rides on the sign of P (mark_dropped) from the first use to the second."""
+        # score_mod_fn is FA4's partial with this KV tile's coordinates bound (no score_mod runs here).
+        tile = score_mod_fn.keywords
+        drop = dropout_sm90.DropoutParams(tile["aux_data"].tensors[0])
+        state_dO = consumer_state_Q if const_expr(self.Q_stage == self.dO_stage) else consumer_state_dO
+        idx_Q = consumer_state_Q.index
+        idx_dO = state_dO.index if const_expr(self.dO_stage > 1) else 0
+        idx_PdS = idx_Q if const_expr(self.PdS_stage > 1) else 0
+        # S = Q K^T and dP = dO V^T, both in flight
+        pipeline_Q.consumer_wait(consumer_state_Q, pipeline_Q.consumer_try_wait(consumer_state_Q))
+        acc_S = mma_qk_fn(A_idx=idx_Q, wg_wait=-1)
+        lse = copy_utils.load_s2r(tLSEsLSE[None, idx_Q])
+        pipeline_dO.consumer_wait(state_dO, pipeline_dO.consumer_try_wait(state_dO))
+        acc_dP = mma_dov_fn(A_idx=idx_Q, wg_wait=1)
+        if const_expr(mask_fn is not None):
+            mask_fn(acc_S, m_block=m_block)
+        # P = exp(S - LSE)
+        acc_S_mn = layout_utils.reshape_acc_to_mn(acc_S, transpose=self.SdP_swapAB)
+        lane = cute.arch.lane_idx()
+        for r in cutlass.range_constexpr(cute.size(acc_S_mn, mode=[0])):
+            lse_r = self._get_stat(lse, r, lane, shuffle=self.shuffle_LSE)
+            for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
+                acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * softmax_scale_log2 - lse_r, fastmath=True)
+        # Dropout, in the accumulator's own orientation (rows = keys under SdP_swapAB).
+        coords = cute.make_identity_tensor((self.tile_n, self.tile_m))
+        coords = cute.domain_offset((tile["n_block"] * self.tile_n, m_block * self.tile_m), coords)
+        dropout_sm90.mark_dropped(layout_utils.reshape_acc_to_mn(acc_S),
+                                  layout_utils.reshape_acc_to_mn(tile["thr_mma_SdP"].partition_C(coords)),
+                                  tile["head_idx"], tile["batch_idx"], drop)
+        dpsum = copy_utils.load_s2r(tLSEsdPsum[None, idx_dO])
+        # P * keep * scale for dV: the marked (negative) entries become 0
+        kept = cute.make_fragment_like(acc_S)
+        for i in cutlass.range(cute.size(acc_S), unroll_full=True):
+            kept[i] = acc_S[i] if acc_S[i] > Float32(0.0) else Float32(0.0)
+        tdVrP = fa4_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(kept), self.dtype)
+        if const_expr(not self.mma_dkv_is_rs):
+            if const_expr(self.PdS_stage == 1):
+                PdS_barrier.arrive_and_wait()
+            copy_P_r2s(tdVrP, dst_idx=idx_PdS)
+        # dS: kept e = P*scale gives e * (dP - dPsum / scale); dropped e = -P gives e * dPsum.
+        warpgroup.wait_group(0)
+        acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP, transpose=self.SdP_swapAB)
+        for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
+            dpsum_r = self._get_stat(dpsum, r, lane, shuffle=self.shuffle_dPsum)
+            dpsum_kept = dpsum_r / drop.scale
+            for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
+                e = acc_S_mn[r, c]
+                acc_dP_mn[r, c] = e * (acc_dP_mn[r, c] - dpsum_kept) if e >= Float32(0.0) else e * dpsum_r
+        tdKrdS = fa4_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
+        # From here on FA4's step unchanged: dS to shared memory, dV += P^T dO, dQ = dS K, dK += dS^T Q.
+        if const_expr(not self.mma_dkv_is_rs or (self.PdS_stage == 1 and self.mma_dkv_is_rs)):
+            cute.arch.fence_view_async_shared()
+            PdS_barrier.arrive_and_wait()
+        copy_dS_r2s(tdKrdS, dst_idx=idx_PdS)
+        if const_expr(not self.mma_dkv_is_rs):
+            mma_pdo_fn(A_idx=idx_PdS, B_idx=idx_dO, zero_init=not dKV_accumulate, wg_wait=-1)
+        else:
+            mma_pdo_fn(tCrA=tdVrP, B_idx=idx_dO, zero_init=not dKV_accumulate, wg_wait=-1)
+        cute.arch.fence_view_async_shared()
+        PdS_barrier.arrive_and_wait()
+        if const_expr(is_dQ_wg):
+            acc_dQ = mma_dsk_fn(A_idx=idx_PdS, wg_wait=1)
+            pipeline_dO.consumer_release(state_dO)
+            self._dk_step(mma_dsq_fn, idx_PdS, idx_Q, tdKrdS, dKV_accumulate)
+            handshake = self.num_threads_per_warp_group + cute.arch.WARP_SIZE
+            cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + warp_group_idx, number_of_threads=handshake)
+            cute.autovec_copy(cute.make_tensor(acc_dQ.iterator, cute.make_layout(tdQsdQaccum.shape)), tdQsdQaccum)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQFullWG0) + warp_group_idx,
+                                     number_of_threads=handshake)
+            warpgroup.wait_group(0)
+            pipeline_Q.consumer_release(consumer_state_Q)
+        else:
+            self._dk_step(mma_dsq_fn, idx_PdS, idx_Q, tdKrdS, dKV_accumulate)
+            pipeline_dO.consumer_release(state_dO)
+            warpgroup.wait_group(0)
+            pipeline_Q.consumer_release(consumer_state_Q)
+        consumer_state_Q.advance()
+        consumer_state_dO.advance()
+        return consumer_state_Q, consumer_state_dO
+
+    @cute.jit
+    def _dk_step(self, mma_dsq_fn, idx_PdS, idx_Q, tdKrdS, dKV_accumulate):
+        """dK += dS^T Q, from shared memory or (register-sourced config) from registers."""
+        if const_expr(not self.mma_dkv_is_rs):
+            mma_dsq_fn(A_idx=idx_PdS, B_idx=idx_Q, zero_init=not dKV_accumulate, wg_wait=1)
+        else:
+            mma_dsq_fn(tCrA=tdKrdS, B_idx=idx_Q, zero_init=not dKV_accumulate, wg_wait=1)
+
+
 def tiles(head_dim: int, causal: bool):
     """FA4's sm90 config for (head dim, mask); its block sizes must be our committed table's,
     or the plan would not be the order the kernel runs."""
@@ -143,9 +252,10 @@ def _tables_on_device(tables: VisitTables, batch: int, heads: int, device):
 
 
 def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal: bool,
-                       tables: VisitTables, deterministic: bool):
+                       tables: VisitTables, deterministic: bool, dropout_p: float = 0.0, seed: int = 0):
     """dq, dk, dv of dense (B, S, H, D) fp16/bf16 inputs; `lse` (B, H_q, S_q) natural log,
-    as the forward returns it. `tables` must be built with `tiles(D, causal)`."""
+    as the forward returns it. `tables` must be built with `tiles(D, causal)`. With dropout_p > 0
+    the forward's mask (same seed) is drawn again in the kernel."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     cfg = tiles(head_dim, causal)
@@ -183,7 +293,9 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     ones = tuple(n == 1 for n in (batch, heads, heads_kv, sq_r // tm, sk_r // tn,
                                   tables.q_tile.shape[-1]))
     index_lists = not tables.closed_form
-    key = (dtype, head_dim, group, causal, deterministic, tables.kv_descending, index_lists, ones)
+    dropout = dropout_p > 0
+    params = dropout_sm90.params_tensor(seed, dropout_p, dev) if dropout else None
+    key = (dtype, head_dim, group, causal, deterministic, tables.kv_descending, index_lists, ones, dropout)
     if key not in _compiled:
         kernel = OrderedBackwardSm90(
             dtype, head_dim, head_dim, group, causal, is_local=False, deterministic=deterministic,
@@ -192,7 +304,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             dQ_swapAB=cfg.dQ_swapAB, AtomLayoutMSdP=cfg.AtomLayoutMSdP,
             AtomLayoutNdKV=cfg.AtomLayoutNdKV, AtomLayoutMdQ=cfg.AtomLayoutMdQ,
             num_threads=(cfg.num_wg + 1) * 128, V_in_regs=False, q_subtile_factor=1,
-            dQ_single_wg=cfg.dQ_single_wg, kv_descending=tables.kv_descending)
+            dQ_single_wg=cfg.dQ_single_wg, kv_descending=tables.kv_descending, dropout=dropout)
         sems = [None if t is None else fa4_utils.convert_from_dlpack_leading_static(
                     t, leading_dim=3, alignment=4, stride_order=t.dim_order())
                 for t in (sem_dq, sem_dk, sem_dv)]
@@ -202,12 +314,12 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
         _compiled[key] = cute.compile(
             kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
             softmax_scale, None, None, None, None, None, None, *sems,
-            fa4_utils.AuxData(None, None), sparse, None,
+            fa4_utils.AuxData([to_cute_aux_tensor(params)] if dropout else None, None), sparse, None,
             cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
             options="--enable-tvm-ffi")
     _compiled[key](q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out, softmax_scale,
                    None, None, None, None, None, None, sem_dq, sem_dk, sem_dv,
-                   fa4_utils.AuxData(None, None),
+                   fa4_utils.AuxData([params] if dropout else None, None),
                    (count, q_tile, None, None, None, None, rank, None) if index_lists else None, None)
 
     threads_dq = 128 if cfg.dQ_single_wg else cfg.num_wg * 128

@@ -1,0 +1,203 @@
+"""Dropout inside the Hopper kernels: the mask of kernels/philox.py drawn in registers.
+
+The mask is the one the reference and the Triton kernels draw (kernels/philox.py has the
+definition): one Philox4x32-10 call per group of eight scores, rows {i, i+8} x columns
+{j, j+1, j+8, j+9} of a 16x16 block, as 16-bit draws. The group is what one thread holds in a
+`wgmma` accumulator, so:
+
+- the forward (accumulator rows = queries) draws every number once: one call per 8 scores;
+- the backward (FA4 computes S^T there: rows = keys) holds, per group, the key rows {j, j+8} of
+  one key parity and the query columns {i, i+8}: it uses four of a call's eight draws.
+
+The Philox rounds run on the consumer warpgroups' integer units while their tensor cores work
+on the other warpgroup's products (the warpgroups of FA4's kernels alternate), which is what
+keeps the dropout cheap without a separate mask in memory.
+
+Seed and threshold reach the kernel at run time in a 4-int32 device tensor (`params`), so a new
+seed per step does not recompile. Imported only with the Hopper backend's packages present.
+"""
+from __future__ import annotations
+
+import inspect
+from contextlib import contextmanager
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+from flash_attn.cute import interface as fa4
+from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
+from quack import layout_utils
+
+from ..philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, dropout_threshold, keep_scale
+
+_DRAW_MASK = (1 << DROPOUT_BITS) - 1
+
+
+def params_tensor(seed: int, dropout_p: float, device) -> torch.Tensor:
+    """(seed low 32 bits, seed high 32 bits, threshold, 0) as int32 on `device`."""
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    words = [seed & 0xFFFFFFFF, seed >> 32, dropout_threshold(dropout_p), 0]
+    signed = [w - (1 << 32) if w >= 1 << 31 else w for w in words]
+    return torch.tensor(signed, dtype=torch.int32, device=device)
+
+
+@dsl_user_op
+def _mulhi(a, b, *, loc=None, ip=None) -> Uint32:
+    return Uint32(llvm.inline_asm(
+        T.i32(), [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)],
+        "mul.hi.u32 $0, $1, $2;", "=r,r,r",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+def _philox(c0, c1, c2, c3, k0, k1):
+    """Philox4x32-10 of kernels/philox.py, unrolled at trace time."""
+    for _ in range(10):
+        hi_b, lo_b = _mulhi(_ROUND_B, c2), Uint32(_ROUND_B) * c2
+        hi_a, lo_a = _mulhi(_ROUND_A, c0), Uint32(_ROUND_A) * c0
+        c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
+        k0, k1 = k0 + Uint32(_KEY_A), k1 + Uint32(_KEY_B)
+    return c0, c1, c2, c3
+
+
+class DropoutParams:
+    """The run-time dropout constants, loaded once where a kernel function starts."""
+
+    def __init__(self, params: cute.Tensor):
+        self.key0, self.key1 = Uint32(params[0]), Uint32(params[1])
+        self.threshold = Uint32(params[2])
+        full = Float32(float(1 << DROPOUT_BITS))
+        self.scale = full / (full - Float32(params[2]))   # keep_scale(p), on the device
+
+    def group_words(self, row, col, head, batch):
+        """The four Philox words of the group holding score (row, col)."""
+        return _philox(Uint32(col) & Uint32(~0x9 & 0xFFFFFFFF), Uint32(row) & Uint32(~0x8 & 0xFFFFFFFF),
+                       Uint32(head), Uint32(batch), self.key0, self.key1)
+
+
+@cute.jit
+def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
+    """Forward: P -> P * keep * scale, in place. `acc_mn` is the accumulator's (rows, cols)
+    view with rows = queries; thread-local row pairs (r, r+1) are rows i, i+8 and column quads
+    c..c+3 are columns j, j+1, j+8, j+9: one group, one Philox call."""
+    for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
+        for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 4):
+            words = drop.group_words(coords_mn[r, c][0], coords_mn[r, c][1], head, batch)
+            for d in cutlass.range_constexpr(8):
+                draw = (words[d // 2] >> (16 * (d % 2))) & Uint32(_DRAW_MASK)
+                x = acc_mn[r + d // 4, c + d % 4]
+                acc_mn[r + d // 4, c + d % 4] = x * drop.scale if draw >= drop.threshold else Float32(0.0)
+
+
+@cute.jit
+def mark_dropped(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
+    """Backward, on P^T (rows = keys, cols = queries): kept P -> P * scale, dropped P -> -P.
+
+    The sign carries the mask to the dS step (P >= 0), so no mask registers are held across the
+    dP product. A thread's key rows are j, j+8 of one parity (bit 0 of j is the thread's), and
+    its query columns c, c+2 of a quad are i, i+8: four scores of the group of (i, j)."""
+    for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
+        for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 4):
+            key = coords_mn[r, c][0]
+            half = (Uint32(key) & Uint32(1)) * Uint32(16)
+            for e in cutlass.range_constexpr(2):
+                words = drop.group_words(coords_mn[r, c + e][1], key, head, batch)
+                for dr in cutlass.range_constexpr(2):
+                    for kk in cutlass.range_constexpr(2):
+                        draw = (words[2 * kk + dr] >> half) & Uint32(_DRAW_MASK)
+                        x = acc_mn[r + dr, c + e + 2 * kk]
+                        acc_mn[r + dr, c + e + 2 * kk] = x * drop.scale if draw >= drop.threshold else -x
+
+
+class _DroppingSoftmax:
+    """FA4's Softmax with dropout applied right after each online-softmax step: the row sums
+    have already taken the undropped P (dropout does not renormalise), and the P.V product that
+    follows sees P * keep * scale."""
+
+    def __init__(self, softmax, apply):
+        self._softmax, self._apply = softmax, apply
+
+    def __getattr__(self, name):
+        return getattr(self._softmax, name)
+
+    def online_softmax(self, acc_S, **kwargs):
+        row_scale = self._softmax.online_softmax(acc_S, **kwargs)
+        self._apply(acc_S)
+        return row_scale
+
+
+_MMA_SIGNATURE = inspect.signature(FlashAttentionForwardSm90.mma)
+
+
+class DropoutForwardSm90(FlashAttentionForwardSm90):
+    """FA4's sm90 forward with dropout. FA4 computes P inside its per-KV-tile steps and hands
+    them the softmax object; these overrides hand them one that also drops (_DroppingSoftmax).
+    The tile's (batch, head, query tile) come from the first step of each tile, whose mask
+    function FA4 builds with them (later steps may get none); pack_gqa must be off so that
+    accumulator rows are query positions."""
+
+    def mma(self, *args, **kwargs):
+        arguments = _MMA_SIGNATURE.bind(self, *args, **kwargs).arguments
+        # Trace-time state: values traced here dominate every per-tile step traced inside.
+        self._drop = DropoutParams(arguments["aux_data"].tensors[0])
+        self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(arguments["tidx"])
+        return super().mma(*args, **kwargs)
+
+    def _note_tile(self, mask_fn):
+        if mask_fn is not None:
+            kw = mask_fn.keywords
+            self._tile = (kw["batch_idx"], kw["head_idx"], kw["m_block"])
+
+    def _dropping(self, softmax, n_block):
+        batch, head, m_block = self._tile
+
+        def apply(acc_S):
+            coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
+            coords = cute.domain_offset((m_block * self.tile_m, n_block * self.tile_n), coords)
+            coords_mn = layout_utils.reshape_acc_to_mn(self._thr_mma_qk.partition_C(coords))
+            drop_probabilities(layout_utils.reshape_acc_to_mn(acc_S), coords_mn, head, batch, self._drop)
+
+        return _DroppingSoftmax(softmax, apply)
+
+    def first_half_block_overlap(self, **kwargs):
+        self._note_tile(kwargs.get("mask_fn"))
+        kwargs["softmax"] = self._dropping(kwargs["softmax"], kwargs["n_block"])
+        return super().first_half_block_overlap(**kwargs)
+
+    def mma_one_n_block(self, smem_pipe_read, **kwargs):
+        self._note_tile(kwargs.get("mask_fn"))
+        kwargs["softmax"] = self._dropping(kwargs["softmax"], kwargs["n_block"])
+        return super().mma_one_n_block(smem_pipe_read, **kwargs)
+
+    def mma_one_n_block_intrawg_overlap(self, smem_pipe_read, **kwargs):
+        self._note_tile(kwargs.get("mask_fn"))
+        kwargs["softmax"] = self._dropping(kwargs["softmax"], kwargs["n_block"])
+        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **kwargs)
+
+
+_forward_cache: dict = {}
+
+
+@contextmanager
+def _fa4_forward_class(cls):
+    """Run FA4's forward launcher with `cls` as its sm90 kernel class and a compile cache of
+    our own (its cache key does not know the class). Not thread-safe: one launch at a time."""
+    saved = fa4.FlashAttentionForwardSm90, fa4._flash_attn_fwd.compile_cache
+    fa4.FlashAttentionForwardSm90, fa4._flash_attn_fwd.compile_cache = cls, _forward_cache
+    try:
+        yield
+    finally:
+        fa4.FlashAttentionForwardSm90, fa4._flash_attn_fwd.compile_cache = saved
+
+
+def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, dropout_p: float, seed: int):
+    """(out, lse) with dropout on P; lse is of the undropped scores, as the backward needs."""
+    keep_scale(dropout_p)   # refuses a p that rounds to dropping everything
+    params = params_tensor(seed, dropout_p, q.device)
+    with _fa4_forward_class(DropoutForwardSm90):
+        out, lse = fa4._flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, num_splits=1,
+                                       pack_gqa=False, aux_tensors=[params], return_lse=True)[:2]
+    return out, lse

@@ -1,0 +1,184 @@
+"""Dropout in the Hopper backend, on the GPU: the mask read out of the kernels, the gradients
+against float64, repeatability, and the cost of dropout next to SDPA's flash backend.
+
+    python scripts/gpu_hopper_dropout.py OUT_DIR [--stages mask,grad,det,time]
+
+Writes OUT_DIR/hopper_dropout.json and prints one line per check. The pytest versions of the
+checks are in tests/test_gpu_dropout.py; this script is the quick look and the timing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from dash_plugin import dispatch
+from dash_plugin.kernels import hopper
+from dash_plugin.kernels.philox import dropout_keep_mask, keep_scale
+
+
+def forward(q, k, v, causal, p, seed):
+    return hopper.attention_forward(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, dropout_p=p, seed=seed)
+
+
+def backward(do, q, k, v, out, lse, causal, p, seed, schedule="descending"):
+    return dispatch.attention_backward(do, q, k, v, out, lse, softmax_scale=q.shape[-1] ** -0.5, causal=causal,
+                                       schedule=schedule, deterministic=schedule != "atomic", backend="hopper",
+                                       dropout_p=p, seed=seed)
+
+
+def mask_readout(hd, hq, hkv, seqlen_q, p, seed):
+    """q = k = 0 makes P uniform (1/S_k); V = identity (S_k = hd) makes out[i, j] = keep * scale / S_k."""
+    b = 2
+    q = torch.zeros(b, seqlen_q, hq, hd, device="cuda", dtype=torch.bfloat16)
+    k = torch.zeros(b, hd, hkv, hd, device="cuda", dtype=torch.bfloat16)
+    v = torch.eye(hd, device="cuda", dtype=torch.bfloat16).view(1, hd, 1, hd).expand(b, hd, hkv, hd).contiguous()
+    out, _ = forward(q, k, v, False, p, seed)
+    got = (out != 0).permute(0, 2, 1, 3).cpu()                       # (b, h, i, j)
+    want = dropout_keep_mask(seed, p, torch.arange(b).view(b, 1, 1, 1), torch.arange(hq).view(1, hq, 1, 1),
+                             torch.arange(seqlen_q).view(1, 1, -1, 1), torch.arange(hd).view(1, 1, 1, -1))
+    kept_value = out.float()[out != 0]
+    value_ok = bool(torch.allclose(kept_value, torch.full_like(kept_value, keep_scale(p) / hd), rtol=1e-2))
+    # dV readout: dO = identity rows (S_q = hd) gives dV[j, i] = sum over query heads of P_ij keep scale
+    return dict(mismatch=int((got != want).sum()), elements=got.numel(), kept=float(got.float().mean()),
+                expected_kept=1 - round(p * 65536) / 65536, values_ok=value_ok)
+
+
+def reference(q, k, v, do, causal, p, seed):
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    b, s, hq, d = q.shape
+    g = hq // k.shape[2]
+    kk, vv = (t.repeat_interleave(g, dim=2) for t in (k64, v64))
+    sc = torch.einsum("bihd,bjhd->bhij", q64, kk) * d ** -0.5
+    if causal:
+        sc = sc.masked_fill(torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    pr = torch.softmax(sc, dim=-1)
+    keep = dropout_keep_mask(seed, p, torch.arange(b).view(b, 1, 1, 1), torch.arange(hq).view(1, hq, 1, 1),
+                             torch.arange(s).view(1, 1, s, 1), torch.arange(s).view(1, 1, 1, s)).to(q.device)
+    out = torch.einsum("bhij,bjhd->bihd", pr * keep * keep_scale(p), vv)
+    out.backward(do.double())
+    return out.detach(), q64.grad, k64.grad, v64.grad
+
+
+def rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def grads(hd, causal, hq, hkv, p, seed, schedule):
+    torch.manual_seed(0)
+    s = 512
+    q, k, v, do = (torch.randn(2, s, h, hd, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv, hq))
+    out, lse = forward(q, k, v, causal, p, seed)
+    dq, dk, dv = backward(do, q, k, v, out, lse, causal, p, seed, schedule)
+    ref = reference(q, k, v, do, causal, p, seed)
+    return {name: rel(x, r) for name, x, r in zip(("out", "dq", "dk", "dv"), (out, dq, dk, dv), ref)}
+
+
+def repeat(hd, causal, p, seed, schedule, passes):
+    torch.manual_seed(1)
+    q, k, v, do = (torch.randn(2, 1024, 8, hd, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    first = None
+    bad = 0
+    for _ in range(passes):
+        out, lse = forward(q, k, v, causal, p, seed)
+        res = (out, *backward(do, q, k, v, out, lse, causal, p, seed, schedule))
+        if first is None:
+            first = res
+        else:
+            bad += not all(torch.equal(a, b) for a, b in zip(first, res))
+    other = forward(q, k, v, causal, p, seed + 1)[0]
+    return dict(passes=passes, mismatching=bad, other_seed_differs=not torch.equal(other, first[0]))
+
+
+def timed(fn, reps=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / reps)
+    return best
+
+
+def cost(hd, causal, seqlen, p):
+    """ms of forward+backward with and without dropout: ours (Hopper, descending) and SDPA flash."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    torch.manual_seed(2)
+    b, h = max(1, 16384 // seqlen), 16
+    q, k, v, do = (torch.randn(b, seqlen, h, hd, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+
+    def ours(pp):
+        out, lse = forward(q, k, v, causal, pp, 7)
+        backward(do, q, k, v, out, lse, causal, pp, 7)
+
+    qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+    dot = do.transpose(1, 2)
+
+    def sdpa(pp):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, dropout_p=pp, is_causal=causal)
+        torch.autograd.grad(o, (qt, kt, vt), dot)
+
+    row = {}
+    for name, fn in (("dash-hopper-descending", ours), ("sdpa-flash", sdpa)):
+        t0, t1 = timed(lambda: fn(0.0)), timed(lambda: fn(p))
+        row[name] = dict(ms_without=t0, ms_with=t1, cost=t1 / t0)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--stages", default="mask,grad,det,time")
+    ap.add_argument("--passes", type=int, default=100)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    stages = args.stages.split(",")
+    res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    if "mask" in stages:
+        res["mask"] = {}
+        for hd in (64, 128):
+            for hq, hkv in ((4, 4), (8, 2)):
+                for p in (0.1, 0.5):
+                    r = mask_readout(hd, hq, hkv, 384, p, 11)
+                    res["mask"][f"hd{hd} h{hq}/{hkv} p{p}"] = r
+                    print("mask", hd, hq, hkv, p, r, flush=True)
+    if "grad" in stages:
+        res["grad"] = {}
+        for hd in (64, 96, 128):
+            for causal in (True, False):
+                for schedule in ("ascending", "descending", "atomic"):
+                    r = grads(hd, causal, 8, 2, 0.2, 5, schedule)
+                    res["grad"][f"hd{hd} {'causal' if causal else 'full'} {schedule}"] = r
+                    print("grad", hd, causal, schedule, {k: f"{v:.2e}" for k, v in r.items()}, flush=True)
+    if "det" in stages:
+        res["det"] = {}
+        for schedule in ("descending", "ascending", "shift"):
+            r = repeat(128, schedule != "shift", 0.1, 3, schedule, args.passes)
+            res["det"][schedule] = r
+            print("det", schedule, r, flush=True)
+    if "time" in stages:
+        res["time"] = {}
+        for hd in (128, 64):
+            for causal in (True, False):
+                for seqlen in (2048, 4096, 8192):
+                    t = time.time()
+                    r = cost(hd, causal, seqlen, 0.1)
+                    res["time"][f"hd{hd} {'causal' if causal else 'full'} {seqlen}"] = r
+                    print("time", hd, causal, seqlen, {k: f"{v['cost']:.3f} ({v['ms_without']:.2f}->{v['ms_with']:.2f} ms)"
+                                                     for k, v in r.items()}, f"{time.time() - t:.0f}s", flush=True)
+    with open(os.path.join(args.out, "hopper_dropout.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
