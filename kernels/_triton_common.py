@@ -182,17 +182,63 @@ def tanh(x):
 
 
 @triton.jit
-def dropout_keep(seed, r, c, head, batch, threshold):
-    """keep iff (philox(seed, col, row, head, batch)[0] >> 8) >= threshold (uint32 counters).
-    ``r``/``c`` broadcast like in `visible`, so S and S^T tiles draw the same bits per (row, col)."""
+def _dropout_keep_each(seed, r, c, head, batch, threshold):
+    """`dropout_keep` element by element: one Philox call per element (8x the work of the grouped
+    path), for tiles too small to hold whole 16x16 blocks. ``r``/``c`` broadcast like in
+    `visible`."""
     zero = r * 0 + c * 0
-    c0 = zero + c
-    c1 = zero + r
-    c2 = zero + head
-    c3 = zero + batch
-    w0, _, _, _ = tl.philox(seed, c0, c1, c2, c3)
-    # w0 >> 8 is below 2**24, so the compare is exact in int32.
-    return (w0 >> 8).to(tl.int32) >= threshold
+    i = zero + r
+    j = zero + c
+    w0, w1, w2, w3 = tl.philox(seed, j & ~9, i & ~8, zero + head, zero + batch)
+    hi_j = (j & 8) != 0
+    w = tl.where((i & 8) != 0, tl.where(hi_j, w3, w2), tl.where(hi_j, w1, w0))
+    draw = tl.where((j & 1) != 0, w >> 16, w & 0xFFFF)
+    return draw.to(tl.int32) >= threshold   # draw < 2**16: the compare is exact in int32
+
+
+@triton.jit
+def _keep_halves(w, threshold):
+    """Keep bits of the low and the high 16-bit draw of words ``w``, joined on a new last axis."""
+    return tl.join((w & 0xFFFF).to(tl.int32) >= threshold, (w >> 16).to(tl.int32) >= threshold)
+
+
+@triton.jit
+def dropout_keep(seed, m0, n0, head, batch, threshold,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Keep-mask of the scores of query rows [m0, m0 + BLOCK_M) x key columns [n0, n0 + BLOCK_N)
+    of one (batch, head): a [BLOCK_M, BLOCK_N] tile, or with TRANSPOSED its transpose (the KV
+    kernel's S^T), the same decision per (row, col) either way. The mask is the one
+    kernels/philox.py defines (`dropout_keep_mask`), bit for bit. m0 and n0 are multiples of the
+    block sizes, so a tile of whole 16x16 blocks holds whole Philox groups."""
+    if (BLOCK_M % 16 == 0) and (BLOCK_N % 16 == 0):
+        # One Philox call per group, on the [BLOCK_M/2, BLOCK_N/4] grid of group anchors (row
+        # bit 3 and column bits 0, 3 clear): per element that is 1/8 of a call instead of one
+        # call. The draws are compared on the anchor grid and only the keep bits are moved into
+        # the tile's order (joins, then one permute).
+        ar = tl.arange(0, BLOCK_M // 2)
+        ac = tl.arange(0, BLOCK_N // 4)
+        rows = m0 + (ar // 8) * 16 + ar % 8           # anchor (r16, rlo): row r16*16 + rlo
+        cols = n0 + (ac // 4) * 16 + (ac % 4) * 2     # anchor (c16, cmid): column c16*16 + cmid*2
+        zero = rows[:, None] * 0 + cols[None, :] * 0
+        w0, w1, w2, w3 = tl.philox(seed, zero + cols[None, :], zero + rows[:, None], zero + head, zero + batch)
+        # Word 2*bit3(row) + bit3(col), half bit0(col): the joins append the axes
+        # (bit0(col), bit3(col), bit3(row)) in that order.
+        keep = tl.join(tl.join(_keep_halves(w0, threshold), _keep_halves(w1, threshold)),
+                       tl.join(_keep_halves(w2, threshold), _keep_halves(w3, threshold)))
+        # axes 0..6: r16, rlo, c16, cmid, bit0(col), bit3(col), bit3(row)
+        keep = tl.reshape(keep, [BLOCK_M // 16, 8, BLOCK_N // 16, 4, 2, 2, 2])
+        if TRANSPOSED:   # [column = c16, bit3, cmid, bit0][row = r16, bit3, rlo]
+            keep = tl.reshape(tl.permute(keep, [2, 5, 3, 4, 0, 6, 1]), [BLOCK_N, BLOCK_M])
+        else:            # [row = r16, bit3, rlo][column = c16, bit3, cmid, bit0]
+            keep = tl.reshape(tl.permute(keep, [0, 6, 1, 2, 5, 3, 4]), [BLOCK_M, BLOCK_N])
+    else:
+        rows = m0 + tl.arange(0, BLOCK_M)
+        cols = n0 + tl.arange(0, BLOCK_N)
+        if TRANSPOSED:
+            keep = _dropout_keep_each(seed, rows[None, :], cols[:, None], head, batch, threshold)
+        else:
+            keep = _dropout_keep_each(seed, rows[:, None], cols[None, :], head, batch, threshold)
+    return keep
 
 
 @triton.jit

@@ -73,13 +73,15 @@ def _bwd_preprocess(O, DO, DELTA, CU_Q, seq_base, seqlen_q_dense, head_dim,
 # The kernels' own parameters stay one per value: they are the compiled signature.
 
 @triton.jit
-def _recompute(qk, dp, lse, delta, r, c, h, b, shape, score,
+def _recompute(qk, dp, lse, delta, r, c, m0, n0, h, b, shape, score,
                MASKED: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
-               SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr):
+               SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, TRANSPOSED: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """P (dropped and rescaled, for dV) and dS (w.r.t. the scaled, uncapped score) of one tile,
     from the products qk = Q K^T and dp = dO V^T. The KV kernel works on transposed tiles (S^T:
-    rows along axis 1) and the dQ kernel on plain ones: ``r``, ``c``, ``lse``, ``delta`` come
-    shaped to broadcast either way ([1, M]/[N, 1] or [M, 1]/[1, N])."""
+    rows along axis 1, TRANSPOSED) and the dQ kernel on plain ones: ``r``, ``c``, ``lse``,
+    ``delta`` come shaped to broadcast either way ([1, M]/[N, 1] or [M, 1]/[1, N]); the tile is
+    rows [m0, m0 + BLOCK_M) x columns [n0, n0 + BLOCK_N)."""
     seqlen_q, seqlen_k, _, window_left, window_right = shape
     _, scale_log2, softcap, seed, drop_threshold, inv_keep = score
     if SOFTCAP:
@@ -93,7 +95,7 @@ def _recompute(qk, dp, lse, delta, r, c, h, b, shape, score,
         ok = visible(r, c, seqlen_q, seqlen_k, window_left, window_right, HAS_WL, HAS_WR)
         p = tl.where(ok, p, 0.0)
     if DROPOUT:
-        keep = dropout_keep(seed, r, c, h, b, drop_threshold)
+        keep = dropout_keep(seed, m0, n0, h, b, drop_threshold, BLOCK_M, BLOCK_N, TRANSPOSED)
         pd = tl.where(keep, p * inv_keep, 0.0)
         dp = tl.where(keep, dp * inv_keep, 0.0)
     else:
@@ -184,8 +186,8 @@ def _kv_step(dk, dv, m0, kv, head, shape, score, sem_ptr, rank, sync,
         delta = tl.load(delta_base + r64 * stride_ls)
     qk_t = tl.dot(k, tl.trans(q))
     dp_t = tl.dot(v, tl.trans(do))
-    pd_t, ds_t = _recompute(qk_t, dp_t, lse[None, :], delta[None, :], rows[None, :], cols[:, None], h, b,
-                            shape, score, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
+    pd_t, ds_t = _recompute(qk_t, dp_t, lse[None, :], delta[None, :], rows[None, :], cols[:, None], m0, n0, h, b,
+                            shape, score, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, True, BLOCK_M, BLOCK_N)
     dv += tl.dot(pd_t.to(do.dtype), do)
     ds_lo = ds_t.to(q.dtype)
     dk += tl.dot(ds_lo, q)
@@ -390,11 +392,12 @@ def _bwd_kv_kernel(
 @triton.jit
 def _dq_tiles(acc, q_rows, n_from, n_to, kv_bases, h, b, shape, score,
               MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
-              SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+              SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr):
     """dQ of one Q tile over the KV tiles [n_from, n_to); MASKED=False as in the forward.
-    q_rows = (q, do, lse, delta, rows): the Q tile's operands; kv_bases = (k_base, v_base,
-    stride_ks, stride_vs): its KV head in this sequence."""
-    q, do, lse, delta, rows = q_rows
+    q_rows = (q, do, lse, delta, m0, rows): the Q tile's operands, first row and rows;
+    kv_bases = (k_base, v_base, stride_ks, stride_vs): its KV head in this sequence."""
+    q, do, lse, delta, m0, rows = q_rows
     k_base, v_base, stride_ks, stride_vs = kv_bases
     seqlen_k, head_dim = shape[1], shape[2]
     for n0 in range(n_from, n_to, BLOCK_N):
@@ -403,8 +406,8 @@ def _dq_tiles(acc, q_rows, n_from, n_to, kv_bases, h, b, shape, score,
         v = load_tile(v_base, cols, stride_vs, seqlen_k, head_dim, MASKED, EVEN_D, BLOCK_D)
         qk = tl.dot(q, tl.trans(k))
         dp = tl.dot(do, tl.trans(v))
-        _, ds = _recompute(qk, dp, lse[:, None], delta[:, None], rows[:, None], cols[None, :], h, b,
-                           shape, score, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT)
+        _, ds = _recompute(qk, dp, lse[:, None], delta[:, None], rows[:, None], cols[None, :], m0, n0, h, b,
+                           shape, score, MASKED, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, False, BLOCK_M, BLOCK_N)
         acc += tl.dot(ds.to(q.dtype), k)
     return acc
 
@@ -450,7 +453,7 @@ def _bwd_dq_kernel(
     stat = b64 * stride_lb + h.to(tl.int64) * stride_lh + (q_start + rows).to(tl.int64) * stride_ls
     lse = tl.load(LSE + stat, mask=rmask, other=float("inf"))
     delta = tl.load(DELTA + stat, mask=rmask, other=0.0)
-    q_rows = (q, do, lse, delta, rows)
+    q_rows = (q, do, lse, delta, m0, rows)
     kv_bases = (K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start.to(tl.int64) * stride_ks,
                 V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start.to(tl.int64) * stride_vs,
                 stride_ks, stride_vs)
@@ -461,10 +464,10 @@ def _bwd_dq_kernel(
                          BLOCK_M, BLOCK_N, HAS_WL, HAS_WR)
     # Masked edge, interior, masked edge: the plain ascending walk over [n_lo, hi).
     acc = _dq_tiles(acc, q_rows, n_lo, a, kv_bases, h, b, shape, score, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
-                    DROPOUT, BLOCK_N, BLOCK_D)
+                    DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
     acc = _dq_tiles(acc, q_rows, a, z, kv_bases, h, b, shape, score, False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
-                    DROPOUT, BLOCK_N, BLOCK_D)
+                    DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
     acc = _dq_tiles(acc, q_rows, z, hi, kv_bases, h, b, shape, score, True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP,
-                    DROPOUT, BLOCK_N, BLOCK_D)
+                    DROPOUT, BLOCK_M, BLOCK_N, BLOCK_D)
     tl.store(DQ + b64 * stride_dqb + h.to(tl.int64) * stride_dqh + r64 * stride_dqs + dims[None, :],
              (acc * scale).to(DQ.dtype.element_ty), mask=msk)

@@ -21,16 +21,16 @@ except ImportError:  # pragma: no cover - older Triton: pointer loads only
 from . import tile_config
 from ._triton_common import (LOG2E, as4d, col_range, dropout_keep, interior_cols, interpreting, load_tile, problem,
                              q_tile_program, seq_chunks, stats_strides, strides4, tanh, visible)
-from .philox import dropout_threshold
+from .philox import dropout_threshold, keep_scale
 
 
 @triton.jit
-def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, n_from, n_to,
+def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, m0, rows, n_from, n_to,
                h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k, window_left, window_right,
                head_dim, K_DESC, V_DESC, desc_b, desc_row0, hk,
                MASKED: tl.constexpr, EVEN_D: tl.constexpr, HAS_WL: tl.constexpr, HAS_WR: tl.constexpr,
                SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr, TMA: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Online softmax over the KV tiles [n_from, n_to). MASKED=False is the fast path for tiles
     that `interior_cols` proved whole and fully visible: no load masks, no score mask. With TMA
     those interior tiles come through the tensor-memory accelerator (host-made descriptors of
@@ -62,7 +62,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, n_f
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         if DROPOUT:
-            keep = dropout_keep(seed, rows[:, None], cols[None, :], h, b, drop_threshold)
+            keep = dropout_keep(seed, m0, n0, h, b, drop_threshold, BLOCK_M, BLOCK_N, False)
             p = tl.where(keep, p, 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -119,18 +119,18 @@ def _fwd_kernel(
                          BLOCK_M, BLOCK_N, HAS_WL, HAS_WR)
     # Left edge (window), interior (no masks), right edge (causal diagonal, ragged end): the
     # same tiles in the same order as one masked walk over [n_lo, hi).
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, n_lo, a,
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, m0, rows, n_lo, a,
                                h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k,
                                window_left, window_right, head_dim, K_DESC, V_DESC, desc_b, k_start, hk,
-                               True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, TMA, BLOCK_N, BLOCK_D)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, a, z,
+                               True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, m0, rows, a, z,
                                h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k,
                                window_left, window_right, head_dim, K_DESC, V_DESC, desc_b, k_start, hk,
-                               False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, TMA, BLOCK_N, BLOCK_D)
-    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, rows, z, hi,
+                               False, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
+    acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_ks, stride_vs, m0, rows, z, hi,
                                h, b, seed, drop_threshold, scale_log2, softcap, seqlen_q, seqlen_k,
                                window_left, window_right, head_dim, K_DESC, V_DESC, desc_b, k_start, hk,
-                               True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, TMA, BLOCK_N, BLOCK_D)
+                               True, EVEN_D, HAS_WL, HAS_WR, SOFTCAP, DROPOUT, TMA, BLOCK_M, BLOCK_N, BLOCK_D)
 
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -157,6 +157,7 @@ def _check_common(q, k, v, softmax_scale, causal, window_left, window_right, sof
         raise ValueError(f"softcap={softcap}: must be >= 0 (0 turns it off)")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p={dropout_p}: must be in [0, 1)")
+    keep_scale(dropout_p)   # raises for a p that rounds to dropping every element
 
 
 def mask_params(causal, window_left, window_right):
@@ -215,7 +216,7 @@ def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seql
         _fwd_kernel[(triton.cdiv(pb.max_seqlen_q, cfg.block_m), pb.heads_q, count)](
             q, k, v, out, lse, pb.cu_q, pb.cu_k, k_desc if use_tma else k, v_desc if use_tma else v, base,
             int(seed), dropout_threshold(dropout_p), float(softmax_scale) * LOG2E, float(softcap),
-            1.0 / (1.0 - float(dropout_p)),
+            keep_scale(dropout_p),
             wl, wr,
             pb.max_seqlen_q, pb.max_seqlen_k, pb.group, pb.head_dim,
             *strides4(q, pb.varlen), *strides4(k, pb.varlen), *strides4(v, pb.varlen), *strides4(out, pb.varlen),

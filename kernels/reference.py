@@ -10,7 +10,7 @@ is fp32 (fp64 for fp64 inputs) with one rounding to the input dtype at the end.
 """
 import torch
 
-from .philox import dropout_keep_mask
+from .philox import dropout_keep_mask, keep_scale
 from .varlen import seqlens_of
 
 BLOCK_Q = 128
@@ -75,7 +75,7 @@ class _Block:
             heads = torch.arange(hkv * g, device=q.device).view(hkv, g, 1, 1)
             keep = dropout_keep_mask(p["seed"], p["dropout_p"], batch_index, heads,
                                      rows.view(1, 1, -1, 1), cols.view(1, 1, 1, -1))
-            self.scale_drop = keep.to(s.dtype) / (1.0 - p["dropout_p"])
+            self.scale_drop = keep.to(s.dtype) * keep_scale(p["dropout_p"])
 
     def probabilities(self, lse):
         """P = exp(s - lse) on visible entries; rows with lse = +inf give exactly 0."""

@@ -13,7 +13,7 @@ from . import attn_bwd, attn_fwd, tile_config
 from ._triton_common import LOG2E, interpreting, placeholder, problem, seq_chunks, stats_strides, strides4
 from .attn_fwd import _check_common, mask_params
 from .backends import DeviceProps, StuckWaitError
-from .philox import dropout_threshold
+from .philox import dropout_threshold, keep_scale
 
 # The registry's kernel modes (dash_plugin/schedules/registry.py) and the kernel's named modes.
 _MODES = {"atomic": attn_bwd.ATOMIC.value, "ordered": attn_bwd.ORDERED.value, "split": attn_bwd.SPLIT.value}
@@ -110,7 +110,7 @@ def _backward(plan, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=
             VARLEN=varlen, BLOCK_M=cfg.block_m, BLOCK_D=block_d)
 
     common = (seed, dropout_threshold(dropout_p), float(softmax_scale), float(softmax_scale) * LOG2E,
-              float(softcap), 1.0 / (1.0 - float(dropout_p)), wl, wr)
+              float(softcap), keep_scale(dropout_p), wl, wr)
     flags = dict(VARLEN=varlen, EVEN_D=block_d == pb.head_dim, HAS_WL=wl >= 0, HAS_WR=wr >= 0,
                  SOFTCAP=softcap > 0, DROPOUT=dropout_p > 0, BLOCK_D=block_d)
     lse_strides = stats_strides(lse, varlen)

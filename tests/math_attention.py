@@ -3,7 +3,7 @@ autograd for the gradients. Deliberately naive (O(seqlen^2)) and independent of 
 reference, so the two check each other."""
 import torch
 
-from dash_plugin.kernels.philox import dropout_keep_mask
+from dash_plugin.kernels.philox import dropout_keep_mask, keep_scale
 
 
 def math_attention(q, k, v, *, causal=False, softmax_scale=None, window_left=-1, window_right=-1, softcap=0.0,
@@ -32,6 +32,6 @@ def math_attention(q, k, v, *, causal=False, softmax_scale=None, window_left=-1,
     if dropout_p > 0:
         keep = dropout_keep_mask(seed, dropout_p, batch_index, torch.arange(hq).view(hq, 1, 1),
                                  torch.arange(sq).view(1, sq, 1), torch.arange(sk).view(1, 1, sk))
-        p = p * keep / (1 - dropout_p)
+        p = p * keep * keep_scale(dropout_p)
     out = torch.einsum("hqk,khd->qhd", p, vx)
     return out, lse.masked_fill(torch.isneginf(lse), float("inf"))

@@ -1,9 +1,11 @@
 """The blockwise reference against float64 math attention, feature by feature."""
+import random
+
 import pytest
 import torch
 
 from dash_plugin.kernels import reference
-from dash_plugin.kernels.philox import dropout_keep_mask, philox
+from dash_plugin.kernels.philox import dropout_draws, dropout_keep_mask, dropout_threshold, keep_scale, philox
 from tests.math_attention import math_attention
 
 CASES = {
@@ -114,6 +116,80 @@ def test_dropout_mask_is_a_pure_function_of_its_counters():
     assert not torch.equal(m1, dropout_keep_mask(8, 0.5, 0, torch.arange(2).view(2, 1, 1), torch.arange(8).view(1, 8, 1), torch.arange(8).view(1, 1, 8)))
     big = dropout_keep_mask(3, 0.3, 0, 0, torch.arange(256).view(-1, 1), torch.arange(256).view(1, -1))
     assert abs(big.float().mean().item() - 0.7) < 0.01
+    # The transposed index layout (the backward's S^T tiles) gives the transposed mask.
+    rows, cols = torch.arange(40, 72), torch.arange(16, 64)
+    assert torch.equal(dropout_keep_mask(3, 0.3, 2, 5, rows[:, None], cols[None, :]),
+                       dropout_keep_mask(3, 0.3, 2, 5, rows[None, :], cols[:, None]).T)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _philox_ints(seed, counter):
+    """Philox4x32-10 on plain Python ints (Random123's philox4x32; key = the seed's 32-bit halves)."""
+    k0, k1 = seed & _M32, (seed >> 32) & _M32
+    c0, c1, c2, c3 = counter
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & _M32, (p0 >> 32) ^ c3 ^ k1, p0 & _M32
+        k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
+    return c0, c1, c2, c3
+
+
+def _draw_ints(seed, b, h, i, j):
+    """The 16-bit draw of element (i, j) of (batch b, head h), written from the spec in
+    kernels/philox.py: counter (j & ~9, i & ~8, h, b), draw d = 4*bit3(i) + 2*bit3(j) + bit0(j),
+    the low (d even) or high (d odd) half of word d // 2."""
+    words = _philox_ints(seed, (j & ~9, i & ~8, h, b))
+    d = 4 * ((i >> 3) & 1) + 2 * ((j >> 3) & 1) + (j & 1)
+    return (words[d // 2] >> (16 * (d & 1))) & 0xFFFF
+
+
+def test_dropout_draws_match_a_scalar_implementation_of_the_spec():
+    rng = random.Random(20240611)
+    cases = [(rng.randrange(2 ** 63), rng.randrange(4096), rng.randrange(128), rng.randrange(1 << 20),
+              rng.randrange(1 << 20)) for _ in range(300)]
+    cases += [(0, 0, 0, i, j) for i in range(16) for j in range(16)]   # one whole 16x16 block
+    cases += [(2 ** 63 - 1, 65534, 255, 2 ** 31 - 1, 2 ** 31 - 9)]
+    seeds, bs, hs, is_, js = zip(*cases)
+    for seed in set(seeds):
+        idx = [n for n, s in enumerate(seeds) if s == seed]
+        got = dropout_draws(seed, torch.tensor([bs[n] for n in idx]), torch.tensor([hs[n] for n in idx]),
+                            torch.tensor([is_[n] for n in idx]), torch.tensor([js[n] for n in idx]))
+        assert got.tolist() == [_draw_ints(seed, bs[n], hs[n], is_[n], js[n]) for n in idx]
+
+
+def test_one_philox_call_serves_a_group_of_eight():
+    """The eight draws of a call are rows {i, i+8} x columns {j, j+1, j+8, j+9}: all eight halves
+    of the four words, each once."""
+    words = [int(w) for w in philox(99, 32, 16, 3, 1)]
+    halves = sorted((w >> s) & 0xFFFF for w in words for s in (0, 16))
+    group = dropout_draws(99, 1, 3, torch.tensor([16, 24]).view(2, 1), torch.tensor([32, 33, 40, 41]).view(1, 4))
+    assert sorted(group.flatten().tolist()) == halves
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])
+def test_dropout_keep_rate_is_one_minus_the_threshold(p):
+    n = 1024
+    keep = dropout_keep_mask(11, p, 3, torch.arange(2).view(2, 1, 1), torch.arange(n).view(1, n, 1),
+                             torch.arange(n).view(1, 1, n))
+    rate = 1 - dropout_threshold(p) / 65536
+    sigma = (rate * (1 - rate) / keep.numel()) ** 0.5
+    assert abs(keep.double().mean().item() - rate) < 5 * sigma
+
+
+def test_keep_scale_is_the_exact_inverse_keep_rate():
+    assert dropout_threshold(0.1) == 6554 and dropout_threshold(0.3) == 19661
+    assert keep_scale(0.0) == 1.0
+    assert keep_scale(1e-6) == 1.0                     # rounds to threshold 0: every element kept
+    assert keep_scale(0.5) == 2.0
+    assert keep_scale(0.25) == 4 / 3
+    assert keep_scale(0.1) == 65536 / (65536 - 6554)   # not 1 / 0.9
+    assert keep_scale(0.3) == 65536 / (65536 - 19661)
+    assert keep_scale(1 - 2 ** -16) == 65536.0         # one draw value of 2**16 kept
+    for p in (1 - 2 ** -18, 1 - 2 ** -17, 1.0):
+        with pytest.raises(ValueError, match="rounds to dropping every element"):
+            keep_scale(p)
 
 
 def test_philox_known_answer():
