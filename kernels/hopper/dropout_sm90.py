@@ -53,9 +53,12 @@ def _mulhi(a, b, *, loc=None, ip=None) -> Uint32:
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
+PHILOX_ROUNDS = 10
+
+
 def _philox(c0, c1, c2, c3, k0, k1):
     """Philox4x32-10 of kernels/philox.py, unrolled at trace time."""
-    for _ in range(10):
+    for _ in range(PHILOX_ROUNDS):
         hi_b, lo_b = _mulhi(_ROUND_B, c2), Uint32(_ROUND_B) * c2
         hi_a, lo_a = _mulhi(_ROUND_A, c0), Uint32(_ROUND_A) * c0
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
