@@ -196,6 +196,17 @@ class LoadProcess:
 
 
 @contextlib.contextmanager
+def gpu_load():
+    """A LoadProcess for the duration of the block; afterwards it must have kept the GPU busy."""
+    proc = LoadProcess()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+    assert proc.matmuls and proc.matmuls > 10, "the load process did not keep the GPU busy"
+
+
+@contextlib.contextmanager
 def hang_guard(seconds):
     """Turn a hang into a crash with every thread's traceback on stderr (run pytest with -s to see it):
     faulthandler's watchdog is a C thread, so it fires even while Python waits on a spinning kernel."""

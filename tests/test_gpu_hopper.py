@@ -24,7 +24,7 @@ from dash_plugin.kernels import hopper
 from dash_plugin.schedules import registry
 
 from tests.gpu_oracle import HOPPER_SKIP, oracle_and_bf16_math, rel
-from tests.hardening_helpers import LoadProcess, count_mismatching_passes, hang_guard, sha256
+from tests.hardening_helpers import gpu_load, count_mismatching_passes, hang_guard, sha256
 from tests.math_attention import math_attention
 
 pytestmark = [pytest.mark.gpu, HOPPER_SKIP]
@@ -93,12 +93,8 @@ def loaded_gpu():
     problems = {c: problem(2, 2048, 8, 2, 128, c, seed=2) for c in (True, False)}
     unloaded = {(c, s): backward(problems[c], s) for c in (True, False) for s in ORDERED if not (c and s == "shift")}
     torch.cuda.synchronize()
-    proc = LoadProcess()
-    try:
+    with gpu_load() as proc:
         yield problems, unloaded, proc
-    finally:
-        proc.stop()
-    assert proc.matmuls and proc.matmuls > 10, "the load process did not keep the GPU busy"
 
 
 @pytest.mark.parametrize("schedule, causal", [(s, c) for s in ORDERED for c in (True, False)

@@ -265,16 +265,7 @@ def _dropout_text(cell: Optional[dict]) -> str:
 
 
 def _dropout_table(results: dict) -> list[str]:
-    names = impl_names(results)
-    cells = index_cells(results)
-    lines = ["| row | mask | seqlen | B x Hq/Hkv | " + " | ".join(names) + " |",
-             "|---|---|---|---|" + "---|" * len(names)]
-    for p in results["points"]:
-        heads = f"{p['heads_q']}" if p["heads_q"] == p["heads_kv"] else f"{p['heads_q']}/{p['heads_kv']}"
-        texts = [_dropout_text(cells.get((p["key"], n))) for n in names]
-        lines.append(f"| {p['row']} | {p['mask']} | {p['seqlen']} | {p['batch']} x {heads} | "
-                     + " | ".join(texts) + " |")
-    return lines
+    return _point_table(results, _dropout_text)
 
 
 # ---------------------------------------------------------------------------- JSON
@@ -352,13 +343,18 @@ def _cell_text(cell: Optional[dict], metric: str) -> str:
 
 
 def _metric_table(results: dict, metric: str) -> list[str]:
+    return _point_table(results, lambda cell: _cell_text(cell, metric))
+
+
+def _point_table(results: dict, text_of) -> list[str]:
+    """One row per point, one column per implementation, each cell rendered by `text_of`."""
     names = impl_names(results)
     cells = index_cells(results)
     lines = ["| row | mask | seqlen | B x Hq/Hkv | " + " | ".join(names) + " |",
              "|---|---|---|---|" + "---|" * len(names)]
     for p in results["points"]:
         heads = f"{p['heads_q']}" if p["heads_q"] == p["heads_kv"] else f"{p['heads_q']}/{p['heads_kv']}"
-        texts = [_cell_text(cells.get((p["key"], n)), metric) for n in names]
+        texts = [text_of(cells.get((p["key"], n))) for n in names]
         lines.append(f"| {p['row']} | {p['mask']} | {p['seqlen']} | {p['batch']} x {heads} | "
                      + " | ".join(texts) + " |")
     return lines
