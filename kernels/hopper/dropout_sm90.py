@@ -9,9 +9,9 @@ definition): one Philox4x32-10 call per group of eight scores, rows {i, i+8} x c
 - the backward (FA4 computes S^T there: rows = keys) holds, per group, the key rows {j, j+8} of
   one key parity and the query columns {i, i+8}: it uses four of a call's eight draws.
 
-The Philox rounds run on the consumer warpgroups' integer units while their tensor cores work
-on the other warpgroup's products (the warpgroups of FA4's kernels alternate), which is what
-keeps the dropout cheap without a separate mask in memory.
+No mask is kept in memory. The hope was that the rounds would hide under the other consumer
+warpgroup's products; measured on an H100 they do not (1.6-1.9x the call without dropout at hdim
+128; docs/benchmarks/dropout-2026-11-23-h100/ splits the cost between Philox and applying the mask).
 
 Seed and threshold reach the kernel at run time in a 4-int32 device tensor (`params`), so a new
 seed per step does not recompile. Imported only with the Hopper backend's packages present.
@@ -53,7 +53,7 @@ def _mulhi(a, b, *, loc=None, ip=None) -> Uint32:
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
-PHILOX_ROUNDS = 10
+PHILOX_ROUNDS = 10   # the mask's; scripts/gpu_dropout_probe.py times 7 (a different mask)
 
 
 def _philox(c0, c1, c2, c3, k0, k1):
