@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dash_plugin.kernels import hopper
-from dash_plugin.kernels.philox import dropout_keep_mask
+from dash_plugin.kernels.philox import dropout_keep_mask, keep_scale
 from tests.math_attention import math_attention
 
 
@@ -28,12 +28,6 @@ HOPPER_SKIP = pytest.mark.skipif(not hopper_ready(), reason="needs an sm90 GPU a
 def rel(a, b):
     """Relative L2 error of a (any device, any dtype) against the float64 CPU tensor b."""
     return ((a.double().cpu() - b).norm() / b.norm()).item()
-
-
-def keep_scale(p: float) -> float:
-    """The factor a kept element is scaled by (kernels/philox.py; imported when first needed)."""
-    from dash_plugin.kernels.philox import keep_scale as scale
-    return scale(p)
 
 
 def keep_mask(seed: int, p: float, batch: int, heads: int, seqlen_q: int, seqlen_k: int, device="cpu"):

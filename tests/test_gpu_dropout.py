@@ -24,7 +24,8 @@ import torch
 
 import dash_plugin
 from dash_plugin.schedules import registry
-from tests.gpu_oracle import HOPPER_SKIP, hopper_ready, keep_mask, keep_scale, oracle_and_bf16_math, rel
+from dash_plugin.kernels.philox import keep_scale
+from tests.gpu_oracle import HOPPER_SKIP, hopper_ready, keep_mask, oracle_and_bf16_math, rel
 from tests.hardening_helpers import gpu_load, count_mismatching_passes, dense_inputs, hang_guard
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

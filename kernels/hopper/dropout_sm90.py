@@ -149,12 +149,13 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(arguments["tidx"])
         return super().mma(*args, **kwargs)
 
-    def _note_tile(self, mask_fn):
+    def _dropping(self, kwargs):
+        """kwargs of a per-tile step with its softmax replaced by one that also drops. The
+        tile's (batch, head, query tile) are noted from FA4's mask function when the step gets one."""
+        mask_fn, n_block = kwargs.get("mask_fn"), kwargs["n_block"]
         if mask_fn is not None:
             kw = mask_fn.keywords
             self._tile = (kw["batch_idx"], kw["head_idx"], kw["m_block"])
-
-    def _dropping(self, softmax, n_block):
         batch, head, m_block = self._tile
 
         def apply(acc_S):
@@ -163,22 +164,16 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
             coords_mn = layout_utils.reshape_acc_to_mn(self._thr_mma_qk.partition_C(coords))
             drop_probabilities(layout_utils.reshape_acc_to_mn(acc_S), coords_mn, head, batch, self._drop)
 
-        return _DroppingSoftmax(softmax, apply)
+        return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], apply))
 
     def first_half_block_overlap(self, **kwargs):
-        self._note_tile(kwargs.get("mask_fn"))
-        kwargs["softmax"] = self._dropping(kwargs["softmax"], kwargs["n_block"])
-        return super().first_half_block_overlap(**kwargs)
+        return super().first_half_block_overlap(**self._dropping(kwargs))
 
     def mma_one_n_block(self, smem_pipe_read, **kwargs):
-        self._note_tile(kwargs.get("mask_fn"))
-        kwargs["softmax"] = self._dropping(kwargs["softmax"], kwargs["n_block"])
-        return super().mma_one_n_block(smem_pipe_read, **kwargs)
+        return super().mma_one_n_block(smem_pipe_read, **self._dropping(kwargs))
 
     def mma_one_n_block_intrawg_overlap(self, smem_pipe_read, **kwargs):
-        self._note_tile(kwargs.get("mask_fn"))
-        kwargs["softmax"] = self._dropping(kwargs["softmax"], kwargs["n_block"])
-        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **kwargs)
+        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **self._dropping(kwargs))
 
 
 _forward_cache: dict = {}
