@@ -55,8 +55,9 @@ class HopperBackend:
 
     def tiles(self, r) -> HopperTiles:
         block_m, block_n = hopper.bwd_tiles(r.head_dim, r.causal)
-        group = hopper.cyclic_group_size(r.seqlen_q, r.head_dim, r.dtype.itemsize) if r.schedule == "shift" else None
-        return HopperTiles(block_m, block_n, group)
+        # Shift groups: the plan's default (a whole head up to 64 KV tiles, split evenly beyond),
+        # which the head-by-head launch keeps co-resident (hopper.RESIDENT_SLOTS).
+        return HopperTiles(block_m, block_n, None)
 
     def device_props(self, device) -> DeviceProps:
         # One CTA per SM (the kernel's shared memory allows no second), dispatched in launch order.

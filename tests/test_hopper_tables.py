@@ -6,9 +6,8 @@ import torch
 
 from dash_plugin.kernels.backends import DeviceProps, Request
 from dash_plugin.kernels.hopper import (RESIDENT_SLOTS, Unsupported, VisitTables, bwd_tiles,
-                                        check_waits_follow_launch, cyclic_group_size,
-                                        heads_per_l2_section, tables_of)
-from dash_plugin.kernels.hopper_backend import BACKEND
+                                        check_waits_follow_launch, closed_form_visits, tables_of)
+from dash_plugin.kernels.hopper_backend import BACKEND, HopperTiles
 from dash_plugin.schedules import make_geometry, registry
 from dash_plugin.schedules.plan import AttentionShape, launch_plan
 
@@ -62,26 +61,42 @@ def test_tables_cover_every_visible_pair_once_with_valid_ranks(d, causal, schedu
     check_waits_follow_launch(t)
 
 
-@pytest.mark.parametrize("d", (64, 128))
-@pytest.mark.parametrize("causal", (True, False))
-def test_closed_forms_equal_the_tables(d, causal):
-    """The kernel walks ascending/spt without tables: Q tiles lo..hi ascending, rank = KV index
-    (ascending launch) or last visible KV tile of the row minus it (spt). Same numbers as the plan."""
-    for n in SEQLENS:
-        _, geo = visible_pairs(n, d, causal)
-        for schedule, descending in (("ascending", False), ("spt", True)):
-            t = plan_tables(schedule, seqlen=n, head_dim=d, causal=causal)
-            assert t.closed_form
-            assert t.kv_descending == (descending and geo.num_kv_tiles > 1)  # one tile: no direction
-            for kv in range(geo.num_kv_tiles):
-                lo, hi = geo.kv_range[kv]
-                assert t.q_tile[kv, :t.count[kv]].tolist() == list(range(lo, hi + 1))
-                want = [geo.q_range[m][1] - kv if t.kv_descending else kv for m in range(lo, hi + 1)]
-                assert t.rank[kv, :t.count[kv]].tolist() == want
-        desc = plan_tables("descending", seqlen=n, head_dim=d, causal=causal)
-        assert desc.closed_form == (max(desc.count.tolist()) <= 1) and not desc.kv_descending
+# The closed form each schedule runs with (a single Q tile per KV tile reads the same either way).
+EXPECTED_VISIT = {"ascending": "ascending", "spt": "ascending", "atomic": "ascending",
+                  "descending": "descending", "shift": "shift"}
+
+
+@pytest.mark.parametrize("d, causal, schedule, n", list(cases()) + [(64, False, "shift", 16384)])
+def test_every_schedule_runs_in_closed_form_and_it_equals_the_tables(d, causal, schedule, n):
+    """The kernel computes each visit and rank (bwd_sm90._visit) instead of reading the tables;
+    closed_form_visits is that arithmetic in Python, so it must give the plan's tables exactly,
+    visit by visit and rank by rank."""
+    t = plan_tables(schedule, seqlen=n, head_dim=d, causal=causal)
+    _, geo = visible_pairs(n, d, causal)
+    single = max(t.count.tolist()) <= 1
+    ascending_after_all = (single and schedule == "descending") or "fallback" in t.variant
+    assert t.visit == ("ascending" if ascending_after_all else EXPECTED_VISIT[schedule])
+    if schedule == "shift" and n >= 1000:
+        assert t.variant == "shift-cyclic"
+    for kv in range(geo.num_kv_tiles):
+        got = closed_form_visits(t.visit, geo, kv, kv_descending=t.kv_descending, group_size=t.group_size)
+        k = int(t.count[kv])
+        assert [m for m, _ in got] == t.q_tile[kv, :k].tolist()
+        if schedule != "atomic":
+            assert [r for _, r in got] == t.rank[kv, :k].tolist()
+    if schedule == "descending" and not single:   # the order really is reversed
         lo, hi = geo.kv_range[0]
-        assert desc.q_tile[0, :desc.count[0]].tolist() == list(range(hi, lo - 1, -1))
+        assert t.q_tile[0, :t.count[0]].tolist() == list(range(hi, lo - 1, -1))
+
+
+def test_tables_that_match_no_closed_form_are_read():
+    """Ranks the arithmetic does not give (here: a sliding window, where a dQ tile's first add
+    is not KV tile 0's) leave `visit` None, so the kernel reads them."""
+    from dash_plugin.schedules import make_geometry
+    from dash_plugin.schedules.builders import build_descending
+    geo = make_geometry(2048, 2048, 64, 128, 256, 0)
+    t = tables_of(build_descending(geo))
+    assert t.visit is None
 
 
 def test_a_wait_on_a_later_launch_outside_the_group_is_refused():
@@ -99,19 +114,25 @@ def test_causal_symmetric_shift_is_not_for_this_grid():
 @pytest.mark.parametrize("seqlen", (512, 1024, 4096, 16384, 131072))
 @pytest.mark.parametrize("d", (64, 128))
 def test_cyclic_groups_fit_the_resident_window(seqlen, d):
-    """A shift group's CTAs span (G-1) x swizzle + 1 launch slots: never more than RESIDENT_SLOTS,
-    and the group depends on the shape only."""
-    sw = heads_per_l2_section(seqlen, d, 2)
-    g = cyclic_group_size(seqlen, d, 2)
-    assert sw & (sw - 1) == 0 and g >= 1
-    assert (g - 1) * sw + 1 <= RESIDENT_SLOTS
+    """The shift kernel launches heads one after another, so a group of G KV tiles spans G
+    launch slots: the plan's groups are the whole head up to RESIDENT_SLOTS KV tiles, split
+    evenly beyond, and depend on the shape only."""
     t = plan_tables("shift", seqlen=seqlen, head_dim=d, causal=False)
-    assert t.group_size <= g
+    n = t.count.shape[0]
+    assert t.group_size <= RESIDENT_SLOTS
+    assert t.group_size == n if n <= RESIDENT_SLOTS else t.group_size > RESIDENT_SLOTS // 2
+
+
+def test_a_group_larger_than_the_resident_window_is_refused():
+    shape = AttentionShape(1, 1, 1, (16384,), (16384,), False, False, -1, -1)
+    plan = launch_plan(shape, "shift", tiles=HopperTiles(80, 128, 128), device=DeviceProps(132))
+    with pytest.raises(Unsupported, match="at most 64 co-resident"):
+        tables_of(plan.schedule.sequences[0])
 
 
 def test_requests_the_backend_does_not_run_say_why():
     assert BACKEND.supports(request("descending", 1024, 128, True)) == "needs an sm90 (Hopper) GPU"
     with pytest.raises(ValueError, match="head_dim=32"):
         bwd_tiles(32, True)
-    assert BACKEND.tiles(request("shift", 2048, 128, False)) == (80, 128, cyclic_group_size(2048, 128, 2))
+    assert BACKEND.tiles(request("shift", 2048, 128, False)) == (80, 128, None)   # the plan's default groups
     assert BACKEND.tiles(request("descending", 2048, 64, True)).group_size is None

@@ -11,8 +11,8 @@ import importlib.util
 from functools import lru_cache
 
 from .tile_table import HEAD_DIMS, bwd_tiles
-from .visit_tables import (RESIDENT_SLOTS, Unsupported, VisitTables, check_waits_follow_launch,
-                           cyclic_group_size, heads_per_l2_section, tables_of)
+from .visit_tables import (CLOSED_FORMS, RESIDENT_SLOTS, Unsupported, VisitTables, check_waits_follow_launch,
+                           closed_form_visits, tables_of)
 
 
 @lru_cache(maxsize=1)   # asked on every call's backend choice; installs do not change mid-process
@@ -51,6 +51,6 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
                                        dropout_p=dropout_p, seed=seed)
 
 
-__all__ = ["HEAD_DIMS", "RESIDENT_SLOTS", "Unsupported", "VisitTables", "attention_backward", "attention_forward",
-           "available",
-           "bwd_tiles", "check_waits_follow_launch", "cyclic_group_size", "heads_per_l2_section", "tables_of"]
+__all__ = ["CLOSED_FORMS", "HEAD_DIMS", "RESIDENT_SLOTS", "Unsupported", "VisitTables", "attention_backward",
+           "attention_forward", "available", "bwd_tiles", "check_waits_follow_launch", "closed_form_visits",
+           "tables_of"]

@@ -21,18 +21,25 @@ Imported only when the Hopper backend runs: it needs CUDA, `flash-attn-4` and th
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
+from contextlib import contextmanager
+
 import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, const_expr
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute import FastDivmodDivisorV2
 from cutlass.cute.nvgpu import warpgroup
 from flash_attn.cute import barrier
 from flash_attn.cute import interface as fa4
 from flash_attn.cute import utils as fa4_utils
 from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch, to_cute_block_sparse_tensors
 from flash_attn.cute.cute_dsl_utils import to_cute_aux_tensor, to_cute_tensor, torch2cute_dtype_map
+from flash_attn.cute import flash_bwd_sm90
 from flash_attn.cute.flash_bwd_sm90 import FlashAttentionBackwardSm90
+from flash_attn.cute.tile_scheduler import SingleTileLPTBwdScheduler
 from flash_attn.cute.named_barrier import NamedBarrierBwd
 from quack import copy_utils, layout_utils
 
@@ -42,12 +49,24 @@ from .visit_tables import VisitTables
 
 
 class OrderedBackwardSm90(FlashAttentionBackwardSm90):
-    """FA4's sm90 backward with a dQ writer that adds in the plan's order."""
+    """FA4's sm90 backward with a dQ writer that adds in the plan's order.
 
-    def __init__(self, *args, kv_descending: bool, dropout: bool = False, **kwargs):
-        super().__init__(*args, has_aux_tensors=dropout, **kwargs)
+    `visit` names the closed form of the order (visit_tables.CLOSED_FORMS) or is None: read the
+    plan's lists. `ascending` is FA4's own loop; `descending` and `shift` run FA4's
+    index-list loops with each Q tile computed instead of read (`_ComputedVisits`), so no table
+    read sits on the producer's, the consumers' or the writer's path. `head_by_head` launches
+    the KV tiles of one head after another, which a cyclic shift group needs to be co-resident.
+    """
+
+    def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
+                 head_by_head: bool = False, dropout: bool = False, **kwargs):
         self.kv_descending = kv_descending
+        self.visit = visit
+        self.group_size = group_size
+        self.head_by_head = head_by_head
         self.dropout = dropout
+        self._index_lists = False
+        super().__init__(*args, has_aux_tensors=dropout, **kwargs)
 
     # FA4's __call__ derives `spt` from the mask and hands it to its tile scheduler as the
     # launch direction of the KV tiles. Here the plan decides the direction, so the
@@ -60,13 +79,50 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     def spt(self, _value):
         pass
 
+    # FA4's __call__ sets this from "index lists given"; a computed order walks the same loops.
+    @property
+    def use_block_sparsity(self):
+        return self._index_lists or self.visit in _COMPUTED
+
+    @use_block_sparsity.setter
+    def use_block_sparsity(self, value):
+        self._index_lists = value
+
+    def load(self, *args):
+        return super().load(*_with_computed_visits(self, args, _LOAD_ARGS))
+
+    def mma(self, *args, **kwargs):
+        return super().mma(*_with_computed_visits(self, args, _MMA_ARGS), **kwargs)
+
+    def _visit(self, seqlen, block_info, n_block, step):
+        """(Q tile, rank) of this KV tile's `step`-th visit under the closed form; the same
+        arithmetic as visit_tables.closed_form_visits (a CPU test checks that one against the
+        plan, a GPU test this one against the tables)."""
+        m_min, m_max = block_info.get_m_block_min_max(seqlen, n_block)
+        if const_expr(self.visit == "ascending"):
+            m_block = m_min + step
+            rank = n_block
+            if const_expr(self.kv_descending):  # spt: the last visible KV tile adds first
+                rank = block_info.get_n_block_min_max(seqlen, m_block)[1] - 1 - n_block
+        elif const_expr(self.visit == "descending"):
+            m_block = m_max - 1 - step
+            rank = n_block
+        else:  # shift: member `lane` of the group starting at KV tile j0
+            length = m_max - m_min
+            lane = n_block % self.group_size
+            j0 = n_block - lane
+            members = cutlass.min(self.group_size, cute.ceil_div(seqlen.seqlen_k, self.tile_n) - j0)
+            i = (lane + step) % length
+            m_block = m_min + i
+            rank = j0 + (cutlass.min(i, members - 1) - lane + members) % members
+        return m_block, rank
+
     @cute.jit
     def dQaccum_store(self, mdQaccum: cute.Tensor, sdQaccum: cute.Tensor, block_info,
                       TileSchedulerCls: cutlass.Constexpr, SeqlenInfoCls: cutlass.Constexpr,
                       blocksparse_tensors=None, mdQ_semaphore=None):
-        """The dQ-writer warp. With index lists (`blocksparse_tensors`: the plan's visit order
-        and ranks) it walks them; without, the visit order is ascending and the rank has the
-        closed form of the ascending/spt plans (tested equal to the tables on the CPU)."""
+        """The dQ-writer warp: walks the plan's visit order and ranks, read from the index lists
+        or computed (`_visit`)."""
         lane = cute.arch.thread_idx()[0] % cute.arch.WARP_SIZE
         chunk_layout = cute.make_layout((self.tile_m * self.tile_hdim // self.num_wg_dQ, self.num_wg_dQ))
         scheduler = TileSchedulerCls()
@@ -75,7 +131,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             n_block, head, batch, _ = work.tile_idx
             gdQ = cute.local_tile(mdQaccum[None, head, batch], (chunk_layout,), (None,))
             counters = mdQ_semaphore[None, None, head, batch] if const_expr(self.deterministic) else None
-            if const_expr(blocksparse_tensors is not None):
+            if const_expr(self.visit is None):
                 q_tiles = blocksparse_tensors.mask_block_idx[batch, head, n_block, None]
                 ranks = blocksparse_tensors.dq_write_order[batch, head, n_block, None]
                 for step in cutlass.range(blocksparse_tensors.mask_block_cnt[batch, head, n_block], unroll=1):
@@ -83,10 +139,8 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             else:
                 seqlen = SeqlenInfoCls(batch)
                 m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
-                for m_block in cutlass.range(m_block_min, m_block_max, unroll=1):
-                    rank = n_block
-                    if const_expr(self.kv_descending):  # spt: the last visible KV tile adds first
-                        rank = block_info.get_n_block_min_max(seqlen, m_block)[1] - 1 - n_block
+                for step in cutlass.range(m_block_max - m_block_min, unroll=1):
+                    m_block, rank = self._visit(seqlen, block_info, n_block, step)
                     self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane)
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
@@ -225,6 +279,91 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             mma_dsq_fn(tCrA=tdKrdS, B_idx=idx_Q, zero_init=not dKV_accumulate, wg_wait=1)
 
 
+_COMPUTED = ("descending", "shift")   # closed forms that run FA4's index-list loops
+
+
+def _arg_positions(method):
+    """Positions (after self) of the arguments `_with_computed_visits` reads and replaces."""
+    names = list(inspect.signature(method).parameters)[1:]
+    return tuple(names.index(n) for n in ("blocksparse_tensors", "block_info", "SeqlenInfoCls"))
+
+
+_LOAD_ARGS = _arg_positions(FlashAttentionBackwardSm90.load)
+_MMA_ARGS = _arg_positions(FlashAttentionBackwardSm90.mma)
+
+
+def _with_computed_visits(kernel, args, positions):
+    """`args` with the index lists replaced by the computed order when the kernel has one."""
+    if kernel.visit not in _COMPUTED:
+        return args
+    sparse, block_info, seqlen_cls = positions
+    args = list(args)
+    args[sparse] = _ComputedVisits(kernel, args[block_info], args[seqlen_cls])
+    return tuple(args)
+
+
+class _ComputedVisits:
+    """Stands in for FA4's block-sparse index lists (BlockSparseTensors: per KV tile a count and
+    the Q tiles in visit order) and answers each lookup with the closed form, at trace time."""
+
+    def __init__(self, kernel, block_info, seqlen_cls):
+        self.kernel, self.block_info, self.seqlen_cls = kernel, block_info, seqlen_cls
+
+    def __iter__(self):   # (count, Q tiles, no "full" lists, no varlen offsets, no ranks)
+        return iter((_VisitCount(self), _VisitRows(self), None, None, None, None, None, None))
+
+
+class _VisitCount:
+    def __init__(self, visits):
+        self.visits = visits
+
+    def __getitem__(self, index):
+        batch, _head, n_block = index
+        m_min, m_max = self.visits.block_info.get_m_block_min_max(self.visits.seqlen_cls(batch), n_block)
+        return m_max - m_min
+
+
+class _VisitRows:
+    def __init__(self, visits, at=None):
+        self.visits, self.at = visits, at
+
+    def __getitem__(self, index):
+        if self.at is None:   # [batch, head, n_block, None]: this KV tile's list
+            return _VisitRows(self.visits, index)
+        batch, _head, n_block, _ = self.at
+        v = self.visits
+        return v.kernel._visit(v.seqlen_cls(batch), v.block_info, n_block, index)[0]
+
+
+@contextmanager
+def _launch_head_by_head(enabled: bool):
+    """While FA4's __call__ builds its grid, its deterministic tile scheduler launches the KV
+    tiles of one head after another (no interleaving of heads for L2 reuse), so a cyclic shift
+    group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS)."""
+    if not enabled:
+        yield
+        return
+    saved = flash_bwd_sm90.SingleTileLPTBwdScheduler
+    flash_bwd_sm90.SingleTileLPTBwdScheduler = _HeadByHeadScheduler
+    try:
+        yield
+    finally:
+        flash_bwd_sm90.SingleTileLPTBwdScheduler = saved
+
+
+class _HeadByHeadScheduler(SingleTileLPTBwdScheduler):
+    """FA4's deterministic backward scheduler with one head per L2 section."""
+
+    @staticmethod
+    def to_underlying_arguments(args, *, loc=None, ip=None, **kwargs):
+        params = SingleTileLPTBwdScheduler.to_underlying_arguments(args, loc=loc, ip=ip, **kwargs)
+        one = FastDivmodDivisorV2(1)
+        return dataclasses.replace(
+            params, l2_minor=Int32(1), l2_minor_divmod=one, l2_minor_residual_divmod=one,
+            l2_major_divmod=FastDivmodDivisorV2(params.num_block),
+            num_hb_quotient=Int32(args.num_head * args.num_batch))
+
+
 def tiles(head_dim: int, causal: bool):
     """FA4's sm90 config for (head dim, mask); its block sizes must be our committed table's,
     or the plan would not be the order the kernel runs."""
@@ -284,7 +423,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     if deterministic and group > 1:
         sem_dk = torch.zeros(batch, heads_kv, sk_r // tn, 2, dtype=torch.int32, device=dev)
         sem_dv = torch.zeros_like(sem_dk)
-    count, q_tile, rank = _tables_on_device(tables, batch, heads, dev) if not tables.closed_form else (None,) * 3
+    index_lists = tables.visit is None
+    count, q_tile, rank = _tables_on_device(tables, batch, heads, dev) if index_lists else (None,) * 3
 
     fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, None, None, None, dtype,
                         head_dim, head_dim, tm, fake_mode=False, hdim_multiple_of=multiple)
@@ -292,10 +432,11 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     # Size-1 dimensions get specialised strides at compile time, so they are part of the key.
     ones = tuple(n == 1 for n in (batch, heads, heads_kv, sq_r // tm, sk_r // tn,
                                   tables.q_tile.shape[-1]))
-    index_lists = not tables.closed_form
     dropout = dropout_p > 0
     params = dropout_sm90.params_tensor(seed, dropout_p, dev) if dropout else None
-    key = (dtype, head_dim, group, causal, deterministic, tables.kv_descending, index_lists, ones, dropout)
+    head_by_head = tables.group_size > 1   # cyclic groups must be co-resident
+    key = (dtype, head_dim, group, causal, deterministic, tables.kv_descending, tables.visit,
+           tables.group_size, ones, dropout)
     if key not in _compiled:
         kernel = OrderedBackwardSm90(
             dtype, head_dim, head_dim, group, causal, is_local=False, deterministic=deterministic,
@@ -304,19 +445,21 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             dQ_swapAB=cfg.dQ_swapAB, AtomLayoutMSdP=cfg.AtomLayoutMSdP,
             AtomLayoutNdKV=cfg.AtomLayoutNdKV, AtomLayoutMdQ=cfg.AtomLayoutMdQ,
             num_threads=(cfg.num_wg + 1) * 128, V_in_regs=False, q_subtile_factor=1,
-            dQ_single_wg=cfg.dQ_single_wg, kv_descending=tables.kv_descending, dropout=dropout)
+            dQ_single_wg=cfg.dQ_single_wg, kv_descending=tables.kv_descending, visit=tables.visit,
+            group_size=tables.group_size, head_by_head=head_by_head, dropout=dropout)
         sems = [None if t is None else fa4_utils.convert_from_dlpack_leading_static(
                     t, leading_dim=3, alignment=4, stride_order=t.dim_order())
                 for t in (sem_dq, sem_dk, sem_dv)]
         sparse = to_cute_block_sparse_tensors(BlockSparseTensorsTorch(
             mask_block_cnt=count, mask_block_idx=q_tile, dq_write_order=rank,
             block_size=(tm, tn))) if index_lists else None
-        _compiled[key] = cute.compile(
-            kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
-            softmax_scale, None, None, None, None, None, None, *sems,
-            fa4_utils.AuxData([to_cute_aux_tensor(params)] if dropout else None, None), sparse, None,
-            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
-            options="--enable-tvm-ffi")
+        with _launch_head_by_head(head_by_head):
+            _compiled[key] = cute.compile(
+                kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
+                softmax_scale, None, None, None, None, None, None, *sems,
+                fa4_utils.AuxData([to_cute_aux_tensor(params)] if dropout else None, None), sparse, None,
+                cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+                options="--enable-tvm-ffi")
     _compiled[key](q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out, softmax_scale,
                    None, None, None, None, None, None, sem_dq, sem_dk, sem_dv,
                    fa4_utils.AuxData([params] if dropout else None, None),

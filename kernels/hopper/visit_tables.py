@@ -30,7 +30,8 @@ class VisitTables:
     count[n]: Q tiles KV tile n visits; q_tile[n, :count[n]]: them in visit order;
     rank[n, i]: position of that contribution in the dQ tile's addition order. Padding is -1.
     kv_descending: launch the KV tiles from the last one down (else from the first up).
-    closed_form: the kernel may compute the order instead of reading it (see `_is_closed_form`).
+    visit: the closed form the kernel computes instead of reading the tables (one of
+    CLOSED_FORMS, see `closed_form_visits`), or None: the kernel reads them.
     """
 
     count: torch.Tensor
@@ -39,28 +40,16 @@ class VisitTables:
     kv_descending: bool
     group_size: int
     variant: str
-    closed_form: bool = False
+    visit: str | None = None
 
 
-# How many consecutive CTAs may wait on each other. The kernel's tile scheduler (FA4's) launches
-# the CTAs of a few heads together for L2 reuse: `swizzle` heads per section, KV tile by KV
-# tile, so G consecutive KV tiles of one head span about (G - 1) * swizzle + 1 launch slots. A
-# cyclic group must fit in the CTAs surely resident at once; 64 leaves a margin on every Hopper
-# part (H20: 78 SMs, one CTA each). Shape-only, so the ranks never depend on the GPU.
+# The longest run of consecutive CTAs that may wait on each other (a cyclic shift group). The
+# shift kernel launches the KV tiles of one head after another (no head interleaving), so a
+# group of G KV tiles spans G launch slots; 64 leaves a margin on every Hopper part (H20: 78
+# SMs, one CTA each). It is also the plan's MAX_GROUP, so the plan's default groups fit.
 RESIDENT_SLOTS = 64
-_L2_BYTES = 50 * 1024 * 1024  # the constant FA4's scheduler divides by (not the device's L2)
 
-
-def heads_per_l2_section(seqlen_q: int, head_dim: int, element_size: int) -> int:
-    """FA4's sm90 backward scheduler: heads launched together (a power of two)."""
-    one_head = seqlen_q * 2 * head_dim * element_size + seqlen_q * head_dim * 4
-    if one_head > _L2_BYTES:
-        return 1
-    return 1 << ((_L2_BYTES // one_head).bit_length() - 1)
-
-
-def cyclic_group_size(seqlen_q: int, head_dim: int, element_size: int) -> int:
-    return max(1, (RESIDENT_SLOTS - 1) // heads_per_l2_section(seqlen_q, head_dim, element_size) + 1)
+CLOSED_FORMS = ("ascending", "descending", "shift")
 
 
 def _launch_direction(kv_of_worker: list[int], n: int) -> bool:
@@ -79,6 +68,9 @@ def tables_of(seq) -> VisitTables:
         raise Unsupported(f"schedule variant {seq.variant!r} pairs two KV tiles in one worker; the "
                           "Hopper kernel runs one KV tile per CTA")
     kv_descending = _launch_direction([w.segments[0].kv for w in seq.workers], n)
+    if seq.group_size > RESIDENT_SLOTS:
+        raise Unsupported(f"cyclic groups of {seq.group_size} KV tiles; this grid keeps at most "
+                          f"{RESIDENT_SLOTS} co-resident")
     steps = max([1] + [w.num_steps for w in seq.workers])
     count = torch.zeros(n, dtype=torch.int32)
     q_tile = torch.full((n, steps), -1, dtype=torch.int32)
@@ -92,33 +84,71 @@ def tables_of(seq) -> VisitTables:
             if seg.ranks is not None:
                 rank[seg.kv, :k] = torch.tensor(seg.ranks, dtype=torch.int32)
     return VisitTables(count, q_tile, rank, kv_descending, seq.group_size, seq.variant,
-                       _is_closed_form(seq, kv_descending))
+                       _closed_form_of(seq, kv_descending))
 
 
-def _is_closed_form(seq, kv_descending: bool) -> bool:
-    """True when every KV tile visits its Q tiles in ascending order and each rank is what the
-    kernel's closed form gives: the KV tile's index (launched ascending), or the last KV tile
-    visible from the row minus it (launched descending, i.e. spt). Then the kernel walks
-    m_min..m_max-1 and computes the rank, with no table reads on its critical path."""
-    geo = seq.geometry
-    for w in seq.workers:
-        seg = w.segments[0]
-        lo, hi = geo.kv_range[seg.kv]
-        if list(seg.q_tiles) != list(range(lo, hi + 1)):
-            return False
-        if seg.ranks is None:  # atomic: adds in arrival order, no ranks to compute
+def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
+                       group_size: int = 1) -> list[tuple[int, int]]:
+    """(Q tile, rank) of KV tile `kv` in visit order, as the kernel computes them (bwd_sm90's
+    `_visit` is the same arithmetic), with lo..hi the Q tiles the KV tile sees:
+
+    - ascending: lo..hi; rank = kv, or under an spt launch (KV tiles from the last down) the
+      last KV tile visible from the row minus kv;
+    - descending: hi..lo; rank = kv;
+    - shift (full masks, groups of G consecutive KV tiles from j0): member l = kv - j0 visits
+      lo + (l + t) mod L at step t. The rank rule orders a dQ tile's adds by (group, step,
+      member): the j0 adds of earlier groups come first, and inside the group member l arrives
+      at row offset i at step (i - l) mod L, which puts it at (min(i, G' - 1) - l) mod G'
+      (G' = the group's size, i = row offset).
+    Ranks that assume every earlier KV tile adds to the row are only right for full and causal
+    masks; `tables_of` compares every value with the plan's, so a mismatch reads the tables."""
+    lo, hi = geo.kv_range[kv]
+    if hi < lo:
+        return []
+    rows = range(lo, hi + 1)
+    if visit == "ascending":
+        return [(m, geo.q_range[m][1] - kv if kv_descending else kv) for m in rows]
+    if visit == "descending":
+        return [(m, kv) for m in reversed(rows)]
+    if visit == "shift":
+        length = hi - lo + 1
+        lane = kv % group_size
+        j0 = kv - lane
+        members = min(group_size, geo.num_kv_tiles - j0)
+        out = []
+        for t in range(length):
+            i = (lane + t) % length
+            out.append((lo + i, j0 + (min(i, members - 1) - lane) % members))
+        return out
+    raise ValueError(f"visit={visit!r}; closed forms: {CLOSED_FORMS}")
+
+
+def _closed_form_of(seq, kv_descending: bool) -> str | None:
+    """The closed form that gives every visit and rank of `seq`, or None. Shift needs the
+    head-by-head launch, so only an ascending launch qualifies for it."""
+    atomic = all(w.segments[0].ranks is None for w in seq.workers)
+    for visit in CLOSED_FORMS:
+        if visit != "ascending" and kv_descending:
             continue
-        want = [geo.q_range[m][1] - seg.kv if kv_descending else seg.kv for m in seg.q_tiles]
-        if list(seg.ranks) != want:
-            return False
-    return True
+        ok = True
+        for w in seq.workers:
+            seg = w.segments[0]
+            got = closed_form_visits(visit, seq.geometry, seg.kv, kv_descending=kv_descending,
+                                     group_size=seq.group_size)
+            if [m for m, _ in got] != list(seg.q_tiles) or (
+                    not atomic and [r for _, r in got] != list(seg.ranks)):
+                ok = False
+                break
+        if ok:
+            return visit
+    return None
 
 
 def check_waits_follow_launch(tables: VisitTables) -> None:
-    if tables.rank.numel() and int(tables.rank.max()) < 0:  # atomic: nobody waits
-        return
     """Every dQ add waits only for KV tiles launched before it or inside its own group, so a
     grid dispatched in launch order can always make progress (see docs/INTERNALS.md)."""
+    if tables.rank.numel() and int(tables.rank.max()) < 0:  # atomic: nobody waits
+        return
     counts, q_tiles, ranks = (t.tolist() for t in (tables.count, tables.q_tile, tables.rank))
     n = len(counts)
     position = {kv: (n - 1 - kv if tables.kv_descending else kv) for kv in range(n)}
