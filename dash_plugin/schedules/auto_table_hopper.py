@@ -5,7 +5,8 @@ keys as in auto_table.py.
 
 Measured with scripts/gpu_hopper_bwd.py on an NVIDIA H100 80GB HBM3 (132 SMs, torch 2.11.0+cu130,
 flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23, one process, backward TFLOP/s:
-docs/benchmarks/hopper-bwd-2026-11-23-h100/closed-form/. A fixed table, never a timing taken at
+docs/benchmarks/hopper-bwd-2026-11-23-h100/closed-form/ and, for the shift rows,
+docs/benchmarks/hopper-shift-2026-11-23-h100/. A fixed table, never a timing taken at
 run time.
 """
 
@@ -22,7 +23,19 @@ RULES = [
      'source': 'measured H100 hdim128 causal s=2k/4k/8k/16k: descending 368.8/447.0/499.6/536.5, '
                'spt 342.0/422.3/491.6/526.7, ascending 354.3/404.1/442.2/452.5 (GQA 4:1 from 4k: '
                'descending 414.6/484.6/522.2, spt 403.0/472.0/509.1); hdim96: inferred from hdim128'},
+    {'mask': 'full', 'head_dim_max': 64, 'seqlen_max': 1024, 'schedule': 'shift',
+     'source': 'measured H100 hdim64 full s=1k after the closed-form shift (whole-head groups): '
+               'shift 371.8/369.7, ascending 347.9/345.8 (gpu_hopper_bwd.py / dash-bench, '
+               'docs/benchmarks/hopper-shift-2026-11-23-h100/); at 2k shift 1.04x/0.99x, a tie'},
+    {'mask': 'full', 'head_dim_max': 64, 'schedule': 'ascending',
+     'source': 'measured H100 hdim64 full s=2k-16k: shift and ascending within the run-to-run '
+               'scatter (2k: 450.8 vs 433.8, then 437.8 vs 443.8)'},
+    {'mask': 'full', 'seqlen_max': 2048, 'schedule': 'shift',
+     'source': 'measured H100 hdim128 full s=1k/2k: shift 398.6/482.6 and 396.9/473.4, ascending '
+               '361.0/457.6 and 360.0/461.6 (two runs, hopper-shift-2026-11-23-h100/); hdim96: '
+               'inferred from hdim128'},
     {'mask': 'full', 'schedule': 'ascending',
-     'source': 'measured H100 full hdim64/128 s=1k-16k: ascending within 1% of spt or ahead at every '
-               'point (hdim128 16k: ascending 581.8, spt 569.5, descending 507.9, shift 360.9)'},
+     'source': 'measured H100 full hdim128 s=4k-16k: ascending, spt, descending and the closed-form '
+               'shift within a few percent, no order ahead in both runs (16k: ascending 589.9/588.0, '
+               'shift 570.5/565.8)'},
 ]
