@@ -7,7 +7,9 @@ definition): one Philox4x32-10 call per group of eight scores, rows {i, i+8} x c
 
 - the forward (accumulator rows = queries) draws every number once: one call per 8 scores;
 - the backward (FA4 computes S^T there: rows = keys) holds, per group, the key rows {j, j+8} of
-  one key parity and the query columns {i, i+8}: it uses four of a call's eight draws.
+  one key parity and the query columns {i, i+8}: four of a call's eight draws. The two threads
+  of a group (lanes l and l ^ 4) each draw one of their two groups and swap halves, so the
+  backward too makes one call per 8 scores (`mark_dropped`).
 
 No mask is kept in memory. The hope was that the rounds would hide under the other consumer
 warpgroup's products; measured on an H100 they do not (1.6-1.9x the call without dropout at hdim
@@ -95,22 +97,44 @@ def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch,
                 acc_mn[r + d // 4, c + d % 4] = x * drop.scale if draw >= drop.threshold else Float32(0.0)
 
 
+# In a wgmma accumulator, lane ^ 4 holds the next accumulator row (here: the key of the other
+# parity) with the same columns (queries).
+_PARTNER_LANES = 4
+
+
+def _halves(words, shift):
+    """The 16-bit halves at `shift` of a call's four words, packed two per word."""
+    lo = Uint32(_DRAW_MASK)
+    return [((words[2 * kk] >> shift) & lo) | (((words[2 * kk + 1] >> shift) & lo) << Uint32(16))
+            for kk in range(2)]
+
+
 @cute.jit
 def mark_dropped(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
     """Backward, on P^T (rows = keys, cols = queries): kept P -> P * scale, dropped P -> -P.
 
     The sign carries the mask to the dS step (P >= 0), so no mask registers are held across the
-    dP product. A thread's key rows are j, j+8 of one parity (bit 0 of j is the thread's), and
-    its query columns c, c+2 of a quad are i, i+8: four scores of the group of (i, j)."""
+    dP product. A thread's key rows are j, j+8 of one parity p (bit 0 of j) and its query columns
+    c, c+2 of a quad are i, i+8, so it holds four scores of the group of (i, j); the thread with
+    the other parity (lane ^ 4) holds the other four, with the same queries. Each of a quad's two
+    query columns is one group; instead of both threads drawing both groups, the thread of
+    parity p draws the group of column c + p, keeps its own halves (bits 16p..16p+15 of each
+    word) and hands the partner the other halves through one exchange of two words: one Philox
+    call per 8 scores, as in the forward."""
     for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
         for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 4):
-            key = coords_mn[r, c][0]
-            half = (Uint32(key) & Uint32(1)) * Uint32(16)
+            key = Uint32(coords_mn[r, c][0])
+            parity = key & Uint32(1)
+            words = drop.group_words(Uint32(coords_mn[r, c][1]) + parity, key, head, batch)
+            mine = _halves(words, parity * Uint32(16))
+            theirs = [cute.arch.shuffle_sync_bfly(w, offset=_PARTNER_LANES)
+                      for w in _halves(words, (Uint32(1) - parity) * Uint32(16))]
             for e in cutlass.range_constexpr(2):
-                words = drop.group_words(coords_mn[r, c + e][1], key, head, batch)
+                use_mine = parity == Uint32(e)
+                packed = (mine[0] if use_mine else theirs[0], mine[1] if use_mine else theirs[1])
                 for dr in cutlass.range_constexpr(2):
                     for kk in cutlass.range_constexpr(2):
-                        draw = (words[2 * kk + dr] >> half) & Uint32(_DRAW_MASK)
+                        draw = (packed[kk] >> Uint32(16 * dr)) & Uint32(_DRAW_MASK)
                         x = acc_mn[r + dr, c + e + 2 * kk]
                         acc_mn[r + dr, c + e + 2 * kk] = x * drop.scale if draw >= drop.threshold else -x
 
