@@ -1,9 +1,9 @@
 """The Hopper backend: the warp-specialised sm90 backward of kernels/hopper, run from a launch
 plan, and the sm90 forward (docs/hopper-backend.md).
 
-It covers dense batches with equal lengths, causal or full masks, head dims 64/96/128 in
-fp16/bf16, with or without dropout, without softcap or window; `supports` names what else is
-missing, and the `auto` rule then takes the Triton backend.
+It covers dense batches with equal lengths, causal, full and sliding-window masks, softcap, head
+dims 64/96/128 in fp16/bf16, with or without dropout (not with softcap); `supports` names what
+else is missing, and the `auto` rule then takes the Triton backend.
 """
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ from .backends import DeviceProps
 @lru_cache(maxsize=None)
 def _is_sm90(device: str) -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def _windowed(r) -> bool:
+    """A sliding-window request (FA4's `local` mask, tiled like causal)."""
+    return r.window_left >= 0 or (r.window_right >= 0 and not r.causal)
+
+
+@lru_cache(maxsize=None)   # asked on every backward; a device's SM count does not change
+def _device_props(device: str) -> DeviceProps:
+    # One CTA per SM (the kernel's shared memory allows no second), dispatched in launch order.
+    return DeviceProps(torch.cuda.get_device_properties(device).multi_processor_count, concurrent=True)
 
 
 class HopperTiles(NamedTuple):
@@ -45,32 +56,34 @@ class HopperBackend:
             return f"dtype {r.dtype} (this backend: float16, bfloat16)"
         if r.head_dim not in hopper.HEAD_DIMS:
             return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
-        for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"), (r.varlen, "varlen"), (r.seqlen_q != r.seqlen_k, "seqlen_q != seqlen_k"),
-                              (r.window_left >= 0 or (r.window_right >= 0 and not r.causal), "sliding window"),
-                              (r.softcap, "softcap"),
-                              (r.causal and r.schedule == "shift", "the causal symmetric shift (two KV tiles per worker)")):
+        for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"), (r.varlen, "varlen"),
+                              (r.seqlen_q != r.seqlen_k, "seqlen_q != seqlen_k"),
+                              (r.softcap and r.dropout, "softcap with dropout"),
+                              (r.causal and r.window_left < 0 and r.schedule == "shift",
+                               "the causal symmetric shift (two KV tiles per worker)")):
             if missing:
                 return f"{what} runs on the Triton backend"
         return True
 
     def tiles(self, r) -> HopperTiles:
-        block_m, block_n = hopper.bwd_tiles(r.head_dim, r.causal)
+        block_m, block_n = hopper.bwd_tiles(r.head_dim, r.causal or _windowed(r))
         # Shift groups: the plan's default (a whole head up to 64 KV tiles, split evenly beyond),
         # which the head-by-head launch keeps co-resident (hopper.RESIDENT_SLOTS).
         return HopperTiles(block_m, block_n, None)
 
     def device_props(self, device) -> DeviceProps:
-        # One CTA per SM (the kernel's shared memory allows no second), dispatched in launch order.
-        return DeviceProps(torch.cuda.get_device_properties(device).multi_processor_count, concurrent=True)
+        return _device_props(str(device))
 
-    def forward(self, q, k, v, *, softmax_scale, causal=False, dropout_p=0.0, seed=0, **_unused):
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+                dropout_p=0.0, seed=0, **_unused):
         if q.shape[0] == 0:   # an empty batch: nothing to launch
             return torch.empty_like(q), torch.empty(0, q.shape[2], q.shape[1], device=q.device)
         return hopper.attention_forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                                        window_left=window_left, window_right=window_right, softcap=softcap,
                                         dropout_p=dropout_p, seed=seed)
 
-    def backward(self, plan, dout, q, k, v, out, lse, *, softmax_scale, causal=False, dropout_p=0.0, seed=0,
-                 **_unused):
+    def backward(self, plan, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_left=-1,
+                 window_right=-1, softcap=0.0, dropout_p=0.0, seed=0, **_unused):
         if q.shape[0] == 0:
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         tables = self._tables.get(plan)
@@ -80,6 +93,7 @@ class HopperBackend:
             self._tables[plan] = tables
         return hopper.attention_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
                                          tables=tables, deterministic=plan.spec.deterministic,
+                                         window_left=window_left, window_right=window_right, softcap=softcap,
                                          dropout_p=dropout_p, seed=seed)
 
 

@@ -46,15 +46,18 @@ class Oracle(NamedTuple):
     grad_bars: list          # ... of its dq, dk, dv against `grads`
 
 
-def oracle_and_bf16_math(q, k, v, do, *, causal, dropout_p=0.0, seed=0):
+def oracle_and_bf16_math(q, k, v, do, *, causal, window_left=-1, window_right=-1, softcap=0.0,
+                         dropout_p=0.0, seed=0):
     """The float64 oracle of dense (B, S, H, D) bf16 CUDA inputs (equal lengths), and the error of
-    plain bf16 PyTorch math (the same mask and dropout mask) against it: the bar, times 2, that
-    a kernel's out / dq / dk / dv must stay under."""
+    plain bf16 PyTorch math (the same mask, softcap and dropout mask) against it: the bar, times 2,
+    that a kernel's out / dq / dk / dv must stay under."""
     b, s, hq, d = q.shape
+    right = 0 if causal else window_right
     outs, ref = [], []
     for i in range(b):
         qi, ki, vi = (t[i].detach().double().cpu().requires_grad_() for t in (q, k, v))
-        o, _ = math_attention(qi, ki, vi, causal=causal, dropout_p=dropout_p, seed=seed, batch_index=i)
+        o, _ = math_attention(qi, ki, vi, causal=causal, window_left=window_left, window_right=right,
+                              softcap=softcap, dropout_p=dropout_p, seed=seed, batch_index=i)
         outs.append(o.detach())
         ref.append(torch.autograd.grad(o, (qi, ki, vi), do[i].double().cpu()))
     ref = [torch.stack([r[j] for r in ref]) for j in range(3)]
@@ -62,8 +65,16 @@ def oracle_and_bf16_math(q, k, v, do, *, causal, dropout_p=0.0, seed=0):
     qx, kx, vx = (t.detach().clone().requires_grad_() for t in (q, k, v))
     ke, ve = (t.repeat_interleave(hq // k.shape[2], dim=2) for t in (kx, vx))
     sc = torch.einsum("bqhd,bkhd->bhqk", qx, ke) * d ** -0.5
-    if causal:
-        sc = sc.masked_fill(torch.ones(s, s, device=q.device, dtype=torch.bool).triu(1), float("-inf"))
+    if softcap > 0:
+        sc = softcap * torch.tanh(sc / softcap)
+    rows = torch.arange(s, device=q.device)[:, None]
+    cols = torch.arange(s, device=q.device)[None, :]
+    hidden = torch.zeros(s, s, device=q.device, dtype=torch.bool)
+    if right >= 0:
+        hidden |= cols > rows + right
+    if window_left >= 0:
+        hidden |= cols < rows - window_left
+    sc = sc.masked_fill(hidden, float("-inf"))
     probs = sc.softmax(-1)
     if dropout_p > 0:   # as F.dropout on bf16: the product in fp32, rounded to bf16
         drop = keep_mask(seed, dropout_p, b, hq, s, s, device=q.device).float() * keep_scale(dropout_p)

@@ -7,20 +7,23 @@ import torch
 from dash_plugin.kernels.backends import DeviceProps, Request
 from dash_plugin.kernels.hopper import (RESIDENT_SLOTS, Unsupported, VisitTables, bwd_tiles,
                                         check_waits_follow_launch, closed_form_visits, tables_of)
+from dash_plugin.kernels.hopper.masks import fa4_mask
 from dash_plugin.kernels.hopper_backend import BACKEND, HopperTiles
 from dash_plugin.schedules import make_geometry, registry
 from dash_plugin.schedules.plan import AttentionShape, launch_plan
 
 
-def request(schedule, n, d, causal, **kw):
+def request(schedule, n, d, causal, window=(-1, -1), **kw):
+    left, right = window
     return Request(torch.device("cuda"), torch.bfloat16, d, schedule, registry.get(schedule).kernel_mode, False,
-                   n, n, causal, -1, 0 if causal else -1, **kw)
+                   n, n, causal, left, 0 if causal else right, **kw)
 
 
-def plan_tables(schedule, *, seqlen, head_dim, causal):
+def plan_tables(schedule, *, seqlen, head_dim, causal, window=(-1, -1)):
     """What the Hopper backend runs: the launch plan at its tiles, as per-KV-tile tables."""
-    shape = AttentionShape(1, 1, 1, (seqlen,), (seqlen,), False, causal, -1, 0 if causal else -1)
-    plan = launch_plan(shape, schedule, tiles=BACKEND.tiles(request(schedule, seqlen, head_dim, causal)),
+    left, right = window
+    shape = AttentionShape(1, 1, 1, (seqlen,), (seqlen,), False, causal, left, 0 if causal else right)
+    plan = launch_plan(shape, schedule, tiles=BACKEND.tiles(request(schedule, seqlen, head_dim, causal, window)),
                        device=DeviceProps(132))
     tables = tables_of(plan.schedule.sequences[0])
     check_waits_follow_launch(tables)
@@ -37,9 +40,10 @@ def cases():
                     yield d, causal, s, n
 
 
-def visible_pairs(n, d, causal):
-    bm, bn = bwd_tiles(d, causal)
-    geo = make_geometry(n, n, bm, bn, -1, 0 if causal else -1)
+def visible_pairs(n, d, causal, window=(-1, -1)):
+    left, right = window
+    bm, bn = bwd_tiles(d, causal or left >= 0 or right >= 0)
+    geo = make_geometry(n, n, bm, bn, left, 0 if causal else right)
     return {(q, kv) for kv in range(geo.num_kv_tiles) for q in range(geo.kv_range[kv][0], geo.kv_range[kv][1] + 1)}, geo
 
 
@@ -66,17 +70,33 @@ EXPECTED_VISIT = {"ascending": "ascending", "spt": "ascending", "atomic": "ascen
                   "descending": "descending", "shift": "shift"}
 
 
-@pytest.mark.parametrize("d, causal, schedule, n", list(cases()) + [(64, False, "shift", 16384)])
-def test_every_schedule_runs_in_closed_form_and_it_equals_the_tables(d, causal, schedule, n):
+WINDOWS = ((-1, -1), (256, -1), (300, 0), (1000, 0), (128, 128), (-1, 200))
+
+
+def window_cases():
+    for d in (64, 128):
+        for window in WINDOWS[1:]:
+            for causal in (False, True) if window[1] == 0 else (False,):
+                for s in ("ascending", "spt", "descending", "atomic", "shift"):
+                    for n in (640, 2048, 4096):
+                        yield d, causal, s, n, window
+
+
+@pytest.mark.parametrize("d, causal, schedule, n, window",
+                         [c + ((-1, -1),) for c in cases()] + [(64, False, "shift", 16384, (-1, -1))]
+                         + list(window_cases()))
+def test_every_schedule_runs_in_closed_form_and_it_equals_the_tables(d, causal, schedule, n, window):
     """The kernel computes each visit and rank (bwd_sm90._visit) instead of reading the tables;
     closed_form_visits is that arithmetic in Python, so it must give the plan's tables exactly,
-    visit by visit and rank by rank."""
-    t = plan_tables(schedule, seqlen=n, head_dim=d, causal=causal)
-    _, geo = visible_pairs(n, d, causal)
+    visit by visit and rank by rank, with and without sliding windows."""
+    t = plan_tables(schedule, seqlen=n, head_dim=d, causal=causal, window=window)
+    _, geo = visible_pairs(n, d, causal, window)
+    expected = EXPECTED_VISIT[schedule] if "fallback" not in t.variant else t.variant.split()[0]
     single = max(t.count.tolist()) <= 1
-    ascending_after_all = (single and schedule == "descending") or "fallback" in t.variant
-    assert t.visit == ("ascending" if ascending_after_all else EXPECTED_VISIT[schedule])
-    if schedule == "shift" and n >= 1000:
+    if single and expected == "descending":   # one row per KV tile: the same walk either way
+        expected = "ascending"
+    assert t.visit == expected
+    if schedule == "shift" and n >= 1000 and window == (-1, -1):
         assert t.variant == "shift-cyclic"
     for kv in range(geo.num_kv_tiles):
         got = closed_form_visits(t.visit, geo, kv, kv_descending=t.kv_descending, group_size=t.group_size)
@@ -84,18 +104,21 @@ def test_every_schedule_runs_in_closed_form_and_it_equals_the_tables(d, causal, 
         assert [m for m, _ in got] == t.q_tile[kv, :k].tolist()
         if schedule != "atomic":
             assert [r for _, r in got] == t.rank[kv, :k].tolist()
-    if schedule == "descending" and not single:   # the order really is reversed
+    if schedule == "descending" and not single and window == (-1, -1):   # the order really is reversed
         lo, hi = geo.kv_range[0]
         assert t.q_tile[0, :t.count[0]].tolist() == list(range(hi, lo - 1, -1))
 
 
 def test_tables_that_match_no_closed_form_are_read():
-    """Ranks the arithmetic does not give (here: a sliding window, where a dQ tile's first add
-    is not KV tile 0's) leave `visit` None, so the kernel reads them."""
+    """An order the arithmetic does not give (here: every KV tile visiting its rows
+    odd-first) leaves `visit` None, so the kernel reads the tables."""
     from dash_plugin.schedules import make_geometry
-    from dash_plugin.schedules.builders import build_descending
-    geo = make_geometry(2048, 2048, 64, 128, 256, 0)
-    t = tables_of(build_descending(geo))
+    from dash_plugin.schedules.builders import ordered_sequence
+    geo = make_geometry(2048, 2048, 64, 128, -1, 0)
+    visits = [(j, [(j, sorted(range(lo, hi + 1), key=lambda m: (m % 2 == 0, m)))])
+              for j, (lo, hi) in enumerate(geo.kv_range)]
+    t = tables_of(ordered_sequence(geo, visits, "odd rows first"))
+    check_waits_follow_launch(t)
     assert t.visit is None
 
 
@@ -136,3 +159,32 @@ def test_requests_the_backend_does_not_run_say_why():
         bwd_tiles(32, True)
     assert BACKEND.tiles(request("shift", 2048, 128, False)) == (80, 128, None)   # the plan's default groups
     assert BACKEND.tiles(request("descending", 2048, 64, True)).group_size is None
+
+
+@pytest.mark.parametrize("causal, left, right, want", [
+    (False, -1, -1, (False, False, None, None)),       # full
+    (True, -1, -1, (True, False, None, None)),         # causal
+    (True, -1, 0, (True, False, None, None)),          # causal, right given as ours spells it
+    (True, 256, -1, (False, True, 256, 0)),            # causal sliding window
+    (False, 128, 128, (False, True, 128, 128)),        # two-sided window
+    (False, -1, 200, (False, True, None, 200)),        # right side only
+    (False, 300, -1, (False, True, 300, None)),        # left side only, no causal limit
+])
+def test_windows_in_fa4s_terms(causal, left, right, want):
+    assert fa4_mask(causal, left, right) == want
+
+
+def test_windows_and_softcap_run_here_softcap_with_dropout_does_not(monkeypatch):
+    from dash_plugin.kernels import hopper, hopper_backend
+    monkeypatch.setattr(hopper_backend, "_is_sm90", lambda device: True)   # as on an H100
+    monkeypatch.setattr(hopper, "available", lambda: True)
+    window = request("descending", 2048, 128, True, window=(256, 0))
+    assert BACKEND.supports(window) is True
+    assert BACKEND.tiles(window)[:2] == bwd_tiles(128, True) == (64, 128)   # windows tile like causal
+    assert BACKEND.tiles(request("ascending", 2048, 128, False, window=(128, 128)))[:2] == (64, 128)
+    assert BACKEND.supports(request("ascending", 2048, 64, False, softcap=True)) is True
+    assert BACKEND.supports(request("ascending", 2048, 64, False, softcap=True, dropout=True)) == \
+        "softcap with dropout runs on the Triton backend"
+    assert BACKEND.supports(request("shift", 2048, 64, True)) == \
+        "the causal symmetric shift (two KV tiles per worker) runs on the Triton backend"
+    assert BACKEND.supports(request("shift", 2048, 64, True, window=(256, 0))) is True   # descending fallback

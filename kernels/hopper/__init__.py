@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 from functools import lru_cache
 
+from .masks import fa4_mask
 from .tile_table import HEAD_DIMS, bwd_tiles
 from .visit_tables import (CLOSED_FORMS, RESIDENT_SLOTS, Unsupported, VisitTables, check_waits_follow_launch,
                            closed_form_visits, tables_of)
@@ -25,29 +26,34 @@ def available() -> bool:
         return False
 
 
-def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, dropout_p: float = 0.0, seed: int = 0):
+def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_left: int = -1,
+                      window_right: int = -1, softcap: float = 0.0, dropout_p: float = 0.0, seed: int = 0):
     """(out, lse) of dense (B, S, H, D) fp16/bf16 inputs: FA4's sm90 forward kernel (warp-specialised,
     TMA loads, `wgmma`, softmax overlapped with the next tile's products), called as a library. No
     split-KV combine, so the output does not depend on timing; lse is the natural-log (B, H, S) fp32
-    that the backward reads. With dropout_p > 0 the kernel is our subclass that drops P in
-    registers (dropout_sm90), with the mask of kernels/philox.py."""
+    that the backward reads. Windows and softcap as in masks.py. With dropout_p > 0 the kernel is
+    our subclass that drops P in registers (dropout_sm90), with the mask of kernels/philox.py."""
+    causal, _local, left, right = fa4_mask(causal, window_left, window_right)
+    mask = dict(causal=causal, window_size_left=left, window_size_right=right, softcap=softcap)
     if dropout_p > 0:
         from . import dropout_sm90
-        return dropout_sm90.attention_forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
+        return dropout_sm90.attention_forward(q, k, v, softmax_scale=softmax_scale, mask=mask,
                                               dropout_p=dropout_p, seed=seed)
     from flash_attn.cute.interface import _flash_attn_fwd
-    out, lse = _flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, num_splits=1,
-                               return_lse=True)[:2]
+    out, lse = _flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, num_splits=1, return_lse=True,
+                               **mask)[:2]
     return out, lse
 
 
 def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal: bool,
-                       tables: VisitTables, deterministic: bool, dropout_p: float = 0.0, seed: int = 0):
+                       tables: VisitTables, deterministic: bool, window_left: int = -1, window_right: int = -1,
+                       softcap: float = 0.0, dropout_p: float = 0.0, seed: int = 0):
     """(dq, dk, dv) of dense (B, S, H, D) fp16/bf16 inputs, in the order of `tables`; dropout
     draws the forward's mask again (same seed)."""
     from . import bwd_sm90
     return bwd_sm90.attention_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale,
                                        causal=causal, tables=tables, deterministic=deterministic,
+                                       window_left=window_left, window_right=window_right, softcap=softcap,
                                        dropout_p=dropout_p, seed=seed)
 
 

@@ -44,6 +44,7 @@ from flash_attn.cute.named_barrier import NamedBarrierBwd
 from quack import copy_utils, layout_utils
 
 from . import dropout_sm90
+from .masks import fa4_mask
 from .tile_table import bwd_tiles
 from .visit_tables import VisitTables
 
@@ -101,12 +102,14 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         m_min, m_max = block_info.get_m_block_min_max(seqlen, n_block)
         if const_expr(self.visit == "ascending"):
             m_block = m_min + step
-            rank = n_block
-            if const_expr(self.kv_descending):  # spt: the last visible KV tile adds first
+            # rank: KV tiles add in index order from the row's first visible one (a constant 0
+            # without a window); spt: the last visible KV tile adds first
+            rank = n_block - block_info.get_n_block_min_max(seqlen, m_block)[0]
+            if const_expr(self.kv_descending):
                 rank = block_info.get_n_block_min_max(seqlen, m_block)[1] - 1 - n_block
         elif const_expr(self.visit == "descending"):
             m_block = m_max - 1 - step
-            rank = n_block
+            rank = n_block - block_info.get_n_block_min_max(seqlen, m_block)[0]
         else:  # shift: member `lane` of the group starting at KV tile j0
             length = m_max - m_min
             lane = n_block % self.group_size
@@ -364,15 +367,23 @@ class _HeadByHeadScheduler(SingleTileLPTBwdScheduler):
             num_hb_quotient=Int32(args.num_head * args.num_batch))
 
 
-def tiles(head_dim: int, causal: bool):
+def tiles(head_dim: int, causal: bool, local: bool = False):
     """FA4's sm90 config for (head dim, mask); its block sizes must be our committed table's,
     or the plan would not be the order the kernel runs."""
-    cfg = fa4._tile_size_bwd_sm90(head_dim, head_dim, causal, False)
-    if (cfg.m_block_size, cfg.n_block_size) != bwd_tiles(head_dim, causal):
+    cfg = fa4._tile_size_bwd_sm90(head_dim, head_dim, causal, local)
+    ours = bwd_tiles(head_dim, causal or local)
+    if (cfg.m_block_size, cfg.n_block_size) != ours:
         raise RuntimeError(f"flash-attn-4's sm90 tiles {cfg.m_block_size}x{cfg.n_block_size} for "
-                           f"head_dim={head_dim} differ from ours {bwd_tiles(head_dim, causal)}: "
+                           f"head_dim={head_dim} differ from ours {ours}: "
                            "install the pinned flash-attn-4 version")
     return cfg
+
+
+def softcap_mods(softcap: float):
+    """FA4's score_mod pair for tanh softcapping (its forward and backward), or (None, None)."""
+    if not softcap:
+        return None, None
+    return fa4_utils.create_softcap_scoremod(softcap), fa4_utils.create_softcap_scoremod_bwd(softcap)
 
 
 _compiled: dict = {}
@@ -391,13 +402,20 @@ def _tables_on_device(tables: VisitTables, batch: int, heads: int, device):
 
 
 def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal: bool,
-                       tables: VisitTables, deterministic: bool, dropout_p: float = 0.0, seed: int = 0):
+                       tables: VisitTables, deterministic: bool, window_left: int = -1, window_right: int = -1,
+                       softcap: float = 0.0, dropout_p: float = 0.0, seed: int = 0):
     """dq, dk, dv of dense (B, S, H, D) fp16/bf16 inputs; `lse` (B, H_q, S_q) natural log,
-    as the forward returns it. `tables` must be built with `tiles(D, causal)`. With dropout_p > 0
-    the forward's mask (same seed) is drawn again in the kernel."""
+    as the forward returns it. `tables` must be built with `tiles(D, causal, local)`. Windows
+    and softcap are ours in meaning (-1: unlimited side; s -> softcap * tanh(s / softcap)), run
+    as FA4's local mask and softcap score_mod. With dropout_p > 0 the forward's mask (same seed)
+    is drawn again in the kernel (not with softcap: the dropout step applies no score_mod)."""
+    if dropout_p > 0 and softcap:
+        raise ValueError("dropout_p > 0 with softcap: the Hopper backward's dropout step applies no "
+                         "softcap; this call runs on the Triton backend")
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    cfg = tiles(head_dim, causal)
+    causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)
+    cfg = tiles(head_dim, causal, local)
     tm, tn = cfg.m_block_size, cfg.n_block_size
     group = heads // heads_kv
     dtype = torch2cute_dtype_map[q.dtype]
@@ -435,11 +453,14 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     dropout = dropout_p > 0
     params = dropout_sm90.params_tensor(seed, dropout_p, dev) if dropout else None
     head_by_head = tables.group_size > 1   # cyclic groups must be co-resident
-    key = (dtype, head_dim, group, causal, deterministic, tables.kv_descending, tables.visit,
-           tables.group_size, ones, dropout)
+    # Window sizes are run-time arguments; only which sides are limited is compiled in.
+    key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
+           float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout)
     if key not in _compiled:
+        score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
-            dtype, head_dim, head_dim, group, causal, is_local=False, deterministic=deterministic,
+            dtype, head_dim, head_dim, group, causal, is_local=local, deterministic=deterministic,
+            score_mod=score_mod, score_mod_bwd=score_mod_bwd,
             tile_m=tm, tile_n=tn, Q_stage=cfg.num_stages_Q, dO_stage=cfg.num_stages_dO,
             PdS_stage=cfg.num_stages_PdS, SdP_swapAB=cfg.SdP_swapAB, dKV_swapAB=cfg.dKV_swapAB,
             dQ_swapAB=cfg.dQ_swapAB, AtomLayoutMSdP=cfg.AtomLayoutMSdP,
@@ -456,12 +477,12 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
         with _launch_head_by_head(head_by_head):
             _compiled[key] = cute.compile(
                 kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
-                softmax_scale, None, None, None, None, None, None, *sems,
+                softmax_scale, None, None, None, None, window_size_left, window_size_right, *sems,
                 fa4_utils.AuxData([to_cute_aux_tensor(params)] if dropout else None, None), sparse, None,
                 cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
                 options="--enable-tvm-ffi")
     _compiled[key](q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out, softmax_scale,
-                   None, None, None, None, None, None, sem_dq, sem_dk, sem_dv,
+                   None, None, None, None, window_size_left, window_size_right, sem_dq, sem_dk, sem_dv,
                    fa4_utils.AuxData([params] if dropout else None, None),
                    (count, q_tile, None, None, None, None, rank, None) if index_lists else None, None)
 

@@ -92,24 +92,24 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
     """(Q tile, rank) of KV tile `kv` in visit order, as the kernel computes them (bwd_sm90's
     `_visit` is the same arithmetic), with lo..hi the Q tiles the KV tile sees:
 
-    - ascending: lo..hi; rank = kv, or under an spt launch (KV tiles from the last down) the
-      last KV tile visible from the row minus kv;
-    - descending: hi..lo; rank = kv;
+    - ascending: lo..hi; rank = kv minus the row's first visible KV tile (0 without a window),
+      or under an spt launch (KV tiles from the last down) the last visible one minus kv;
+    - descending: hi..lo; rank as ascending's;
     - shift (full masks, groups of G consecutive KV tiles from j0): member l = kv - j0 visits
       lo + (l + t) mod L at step t. The rank rule orders a dQ tile's adds by (group, step,
       member): the j0 adds of earlier groups come first, and inside the group member l arrives
       at row offset i at step (i - l) mod L, which puts it at (min(i, G' - 1) - l) mod G'
       (G' = the group's size, i = row offset).
-    Ranks that assume every earlier KV tile adds to the row are only right for full and causal
-    masks; `tables_of` compares every value with the plan's, so a mismatch reads the tables."""
+    `tables_of` compares every value with the plan's, so an order these do not give is read
+    from the tables."""
     lo, hi = geo.kv_range[kv]
     if hi < lo:
         return []
     rows = range(lo, hi + 1)
     if visit == "ascending":
-        return [(m, geo.q_range[m][1] - kv if kv_descending else kv) for m in rows]
+        return [(m, geo.q_range[m][1] - kv if kv_descending else kv - geo.q_range[m][0]) for m in rows]
     if visit == "descending":
-        return [(m, kv) for m in reversed(rows)]
+        return [(m, kv - geo.q_range[m][0]) for m in reversed(rows)]
     if visit == "shift":
         length = hi - lo + 1
         lane = kv % group_size

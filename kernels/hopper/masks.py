@@ -1,0 +1,16 @@
+"""Our mask and softcap arguments in FA4's terms (pure Python, tested on the CPU).
+
+Ours: `causal`, and a window of `window_left` / `window_right` keys around the diagonal (-1: that
+side unlimited; causal means window_right 0), bottom-right aligned. FA4's: `causal`, or a `local`
+mask with `window_size_left` / `window_size_right` (None: unlimited). Both align the band the
+same way (row i sees column j iff i + S_k - S_q - left <= j <= i + S_k - S_q + right).
+"""
+from __future__ import annotations
+
+
+def fa4_mask(causal: bool, window_left: int, window_right: int):
+    """(causal, local, window_size_left, window_size_right) for FA4's kernels."""
+    right = 0 if causal else window_right
+    if window_left < 0 and (causal or right < 0):
+        return causal, False, None, None
+    return False, True, (None if window_left < 0 else window_left), (None if right < 0 else right)
