@@ -1,5 +1,4 @@
 """The public entry point: ``dash_plugin.flash_attention``."""
-import dataclasses
 import math
 
 import torch
@@ -52,8 +51,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
         max_seqlen_k=max_seqlen_k, causal=causal, window_left=left, window_right=right, softcap=softcap,
         dropout_p=dropout_p)
     chosen = runs_on.name
-    config._remember(dataclasses.replace(resolved, concrete_schedule=concrete, concrete_backend=chosen,
-                                         backend_passed_over=passed_over))
+    config._remember(resolved, concrete_schedule=concrete, concrete_backend=chosen, backend_passed_over=passed_over)
 
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else float(softmax_scale)
     seed = 0

@@ -24,7 +24,8 @@ def _bound(value):
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # A plain int first: the ABC check is slow, and every call checks several ints.
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
 def check_int(name, value, low, high=INT64_MAX):
@@ -129,6 +130,8 @@ def check_window(window, causal):
 
 
 def _finite(value) -> bool:
+    if type(value) is float or type(value) is int:   # the common case, without the slow ABC check
+        return math.isfinite(value)
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -41,7 +41,7 @@ import contextvars
 import os
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -248,8 +248,15 @@ _last = threading.local()
 
 def last_resolved():
     """The ResolvedConfig of this thread's most recent ``flash_attention`` call (None before any)."""
+    pending = getattr(_last, "pending", None)
+    if pending is not None:
+        config, ran = pending
+        _last.config, _last.pending = replace(config, **ran), None
     return getattr(_last, "config", None)
 
 
-def _remember(config: ResolvedConfig):
-    _last.config = config
+def _remember(config: ResolvedConfig, **ran):
+    """Remember a call's config with the fields `ran` filled in (concrete schedule and backend).
+    The ResolvedConfig is built when last_resolved() asks: most calls are never asked about, and
+    building it (dataclasses.replace) costs a few us per call."""
+    _last.pending = (config, ran)

@@ -3,6 +3,8 @@ plan its backward runs. The torch ops (ops.py) call these, and so do tests and s
 a given backend without the autograd layer. The API resolves `auto` schedules and the config
 sources before (config.py, api.py); docs/DESIGN.md, "The flow of a call".
 """
+from functools import lru_cache
+
 from dash_plugin.kernels import backends
 from dash_plugin.schedules import auto
 from dash_plugin.schedules import plan as launch_plans
@@ -15,11 +17,18 @@ def request(q, k, schedule: str | None = None, *, cu_seqlens_q=None, max_seqlen_
     functions (docs/INTERNALS.md)."""
     spec = None if schedule is None else registry.get(schedule)
     varlen = cu_seqlens_q is not None
-    return spec, backends.Request(
+    return spec, _request(
         q.device, q.dtype, q.shape[-1], schedule, None if spec is None else spec.kernel_mode, varlen,
-        seqlen_q=max_seqlen_q if varlen else q.shape[1], seqlen_k=max_seqlen_k if varlen else k.shape[1],
-        causal=bool(causal), window_left=window_left, window_right=0 if causal else window_right,
-        softcap=softcap > 0, dropout=dropout_p > 0)
+        max_seqlen_q if varlen else q.shape[1], max_seqlen_k if varlen else k.shape[1], bool(causal),
+        window_left, 0 if causal else window_right, softcap > 0, dropout_p > 0)
+
+
+# A call builds the same Request three times (backend choice, forward, backward) and building
+# one (a frozen dataclass of 13 fields) costs more than looking it up. Keyed by every field and
+# its type; Requests are immutable, so calls may share one.
+@lru_cache(maxsize=256, typed=True)
+def _request(*fields) -> backends.Request:
+    return backends.Request(*fields)
 
 
 def choose_backend(name: str, q, k, schedule: str | None = None, **kw):

@@ -33,6 +33,24 @@ def _lse_shape(q: torch.Tensor, varlen: bool):
     return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
 
 
+def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+             window_right, softcap, dropout_p, seed, schedule, deterministic, backend="auto"):
+    """``dash::fwd`` after its checks (the API calls it directly: see `_plain_eager`)."""
+    kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                 window_right, softcap, dropout_p, seed)
+    return dispatch.attention_forward(q, k, v, schedule=schedule, backend=backend, **kw)
+
+
+def _backward_of(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                 causal, window_left, window_right, softcap, dropout_p, seed, schedule, deterministic,
+                 backend="auto"):
+    """``dash::bwd`` after its checks."""
+    kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                 window_right, softcap, dropout_p, seed)
+    return dispatch.attention_backward(dout.contiguous(), q, k, v, out, lse, schedule=schedule,
+                                       deterministic=deterministic, backend=backend, **kw)
+
+
 @torch.library.custom_op("dash::fwd", mutates_args=())
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
              cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
@@ -40,9 +58,8 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Op
              schedule: str, deterministic: bool, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     checks.check_op_args("dash::fwd", q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left,
                          window_right, softcap, dropout_p, schedule, deterministic)
-    kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                 window_right, softcap, dropout_p, seed)
-    return dispatch.attention_forward(q, k, v, schedule=schedule, backend=backend, **kw)
+    return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                    window_left, window_right, softcap, dropout_p, seed, schedule, deterministic, backend)
 
 
 @attn_fwd.register_fake
@@ -66,10 +83,9 @@ def attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     want = _lse_shape(q, cu_seqlens_q is not None)
     if tuple(lse.shape) != want or lse.dtype != compute_dtype(q.dtype):
         raise ValueError(f"dash::bwd: lse is {lse.dtype} {tuple(lse.shape)}; expected {compute_dtype(q.dtype)} {want}")
-    kw = _kwargs(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                 window_right, softcap, dropout_p, seed)
-    return dispatch.attention_backward(dout.contiguous(), q, k, v, out, lse, schedule=schedule,
-                                       deterministic=deterministic, backend=backend, **kw)
+    return _backward_of(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        softmax_scale, causal, window_left, window_right, softcap, dropout_p, seed, schedule,
+                        deterministic, backend)
 
 
 @attn_bwd.register_fake
@@ -87,23 +103,44 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = torch.ops.dash.bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
+    # The forward checked these arguments, and autograd gives dout out's shape, dtype and device.
+    # With create_graph=True the op stays: it refuses a second derivative, the plain body would
+    # not.
+    plain = not torch.is_grad_enabled() and _plain_eager(dout, q, k, v, cu_seqlens_q)
+    bwd = _backward_of if plain else torch.ops.dash.bwd
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
     return (dq, dk, dv, None, None) + (None,) * len(ctx.args)
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _plain_eager(*tensors) -> bool:
+    """Nothing but eager PyTorch sees this call: no torch.compile or compiled autograd, no tensor
+    subclass or Python mode (FakeTensor, DTensor, FlopCounterMode, selective checkpointing,
+    ``with torch.device(...)``), no functorch transform, no profiler. Then the ops' Python bodies
+    can be called directly: the dispatcher would run the same body, with grad mode as the caller
+    has it, and adds about 20 us a call in its custom-op wrappers (scripts/host_overhead.py).
+    Everything else goes through ``torch.ops.dash`` so that it sees the ops."""
+    return (not torch.compiler.is_compiling()
+            and all(t is None or type(t) is torch.Tensor for t in tensors)
+            and not torch._C._is_torch_function_mode_enabled()
+            and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._are_functorch_transforms_active()
+            and not torch._C._autograd._profiler_enabled())
+
+
 class _Attention(torch.autograd.Function):
     """What the public API calls when gradients are needed: the same context and backward as the
     op's registered autograd (one place, above), without the custom-op autograd wrapper, which
     spends about 41 us per forward rebuilding our 17-argument schema (docs/benchmarks/NOTES.md).
-    Inside ``forward`` grad mode is off, so ``dash::fwd`` takes its plain path; torch.compile
-    traces this Function and keeps both ops opaque."""
+    Inside ``forward`` grad mode is off; it runs ``dash::fwd``'s body, or the op itself where
+    something besides eager PyTorch watches (`_plain_eager`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
-        out, lse = torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
+        fwd = _forward if _plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k) else torch.ops.dash.fwd
+        out, lse = fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
         _setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, *args), (out, lse))
         return out, lse
 
@@ -114,11 +151,13 @@ class _Attention(torch.autograd.Function):
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
     """``(out, lse)`` of ``dash::fwd``, differentiable; ``args`` as in the op's schema after
-    cu_seqlens_k. Without gradients it is the op itself (the Function's own cost is not free);
-    so it is under torch.compile, which cannot trace a Function given one tensor twice (q, k and
-    v of self-attention, or one cu_seqlens for both) and which has no per-call cost to save."""
+    cu_seqlens_k, checked by the caller (the API) as the op would. Without gradients it is the
+    op's body (the Function's own cost is not free); under torch.compile it is the op itself:
+    compile cannot trace a Function given one tensor twice (q, k and v of self-attention, or one
+    cu_seqlens for both) and has no per-call cost to save."""
     if torch.compiler.is_compiling():
         return torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
-    return torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
+    fwd = _forward if _plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k) else torch.ops.dash.fwd
+    return fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)

@@ -1,0 +1,95 @@
+"""The host side of a call (scripts/host_overhead.py): the API's eager calls skip PyTorch's
+custom-op dispatcher but not what it is there for, and the Hopper path builds a shape's launch
+plan, its per-KV-tile tables and the device's properties once."""
+import importlib.util
+from pathlib import Path
+from unittest import mock
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import dash_plugin
+from dash_plugin.kernels import hopper, hopper_backend
+from dash_plugin.schedules import plan as launch_plans
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "host_overhead.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("host_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _inputs(seqlen=16, head_dim=16, dtype=torch.float64):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, seqlen, 2, head_dim, generator=g).to(dtype).requires_grad_() for _ in range(3)]
+
+
+class _SeenOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_modes_and_the_profiler_still_see_the_ops():
+    """Plain eager calls run the ops' bodies directly; a dispatch mode or the profiler makes the
+    call go through torch.ops.dash, so they see dash::fwd and dash::bwd, with the same bits."""
+    q, k, v = _inputs()
+    out = dash_plugin.flash_attention(q, k, v, causal=True)
+    plain = torch.autograd.grad(out.sum(), (q, k, v))
+    with _SeenOps() as mode:
+        seen_out = dash_plugin.flash_attention(q, k, v, causal=True)
+        seen = torch.autograd.grad(seen_out.sum(), (q, k, v))
+    assert {"dash.fwd.default", "dash.bwd.default"} <= mode.ops
+    assert torch.equal(out, seen_out) and all(torch.equal(a, b) for a, b in zip(plain, seen))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.autograd.grad(dash_plugin.flash_attention(q, k, v, causal=True).sum(), (q, k, v))
+    names = {e.key for e in prof.key_averages()}
+    assert {"dash::fwd", "dash::bwd"} <= names
+
+
+def test_hopper_path_builds_plan_tables_and_device_props_once_per_shape():
+    """Through the API with the Hopper kernels stubbed (as the script runs it): the second call of
+    a shape reuses its plan, tables and device properties; another shape builds its own."""
+    host_overhead = _script()
+    tables_built = []
+    real_tables_of = hopper.tables_of
+
+    def tables_of(seq):
+        tables_built.append(seq)
+        return real_tables_of(seq)
+
+    props_asked = []
+    hopper_backend._device_props.cache_clear()
+    try:
+        with host_overhead.stubbed("hopper"), mock.patch.object(hopper, "tables_of", tables_of), \
+                mock.patch.object(torch.cuda, "get_device_properties",
+                                  lambda device=None: props_asked.append(device) or mock.Mock(multi_processor_count=132)):
+            misses = []
+            for seqlen in (1216, 1216, 1344):   # lengths no other test uses: the plan cache is process-wide
+                q, k, v = _inputs(seqlen, 64, torch.bfloat16)   # a Hopper head dim
+                out = dash_plugin.flash_attention(q, k, v, causal=True, schedule="descending")
+                assert dash_plugin.last_resolved().concrete_backend == "hopper"
+                torch.autograd.backward(out, torch.zeros_like(out))
+                assert q.grad.shape == q.shape
+                misses.append(launch_plans._plan_cached.cache_info().misses)
+    finally:
+        hopper_backend._device_props.cache_clear()   # forget the stand-in's 132 SMs
+    assert misses[1] == misses[0] and misses[2] == misses[1] + 1
+    assert [seq.geometry.seqlen_q for seq in tables_built] == [1216, 1344]
+    assert len(props_asked) == 1
+
+
+def test_host_overhead_script_runs(capsys):
+    _script().main(["--shape", "1,256,2,64", "--calls", "20", "--warmup", "2", "--profile-calls", "3",
+                    "--top", "3"])
+    text = capsys.readouterr().out
+    for backend in ("hopper", "triton"):
+        assert f"backend=auto -> {backend}" in text
+    assert text.count("us per call") == 8 and "cProfile of 3 fwd+bwd calls" in text
