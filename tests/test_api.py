@@ -72,6 +72,7 @@ BAD = [
     (dict(causal=True, window=(4, 2)), ValueError, "causal allows no keys to the right"),
     (dict(softcap=-1.0), ValueError, "softcap=-1.0"),
     (dict(dropout_p=1.0), ValueError, r"dropout_p=1.0 must be in \[0, 1\)"),
+    (dict(dropout_p=1 - 2 ** -17), ValueError, r"dropout_p=0.99999237\d* rounds to dropping every element"),
     (dict(softmax_scale=0), ValueError, "softmax_scale=0"),
     (dict(softcap=float("nan")), ValueError, r"softcap=nan must be a finite number >= 0"),
     (dict(softcap=float("inf")), ValueError, r"softcap=inf must be a finite number >= 0"),
