@@ -106,7 +106,7 @@ def _backward(ctx, dout, dlse):
     # The forward checked these arguments, and autograd gives dout out's shape, dtype and device.
     # With create_graph=True the op stays: it refuses a second derivative, the plain body would
     # not.
-    plain = not torch.is_grad_enabled() and _plain_eager(dout, q, k, v, cu_seqlens_q)
+    plain = not torch.is_grad_enabled() and _plain_eager(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     bwd = _backward_of if plain else torch.ops.dash.bwd
     dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
     return (dq, dk, dv, None, None) + (None,) * len(ctx.args)

@@ -22,11 +22,6 @@ def _is_sm90(device: str) -> bool:
     return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
 
 
-def _windowed(r) -> bool:
-    """A sliding-window request (FA4's `local` mask, tiled like causal)."""
-    return r.window_left >= 0 or (r.window_right >= 0 and not r.causal)
-
-
 @lru_cache(maxsize=None)   # asked on every backward; a device's SM count does not change
 def _device_props(device: str) -> DeviceProps:
     # One CTA per SM (the kernel's shared memory allows no second), dispatched in launch order.
@@ -56,17 +51,19 @@ class HopperBackend:
             return f"dtype {r.dtype} (this backend: float16, bfloat16)"
         if r.head_dim not in hopper.HEAD_DIMS:
             return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
+        causal = hopper.fa4_mask(r.causal, r.window_left, r.window_right)[0]   # however it is spelled
         for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"), (r.varlen, "varlen"),
                               (r.seqlen_q != r.seqlen_k, "seqlen_q != seqlen_k"),
                               (r.softcap and r.dropout, "softcap with dropout"),
-                              (r.causal and r.window_left < 0 and r.schedule == "shift",
+                              (causal and r.schedule == "shift",
                                "the causal symmetric shift (two KV tiles per worker)")):
             if missing:
                 return f"{what} runs on the Triton backend"
         return True
 
     def tiles(self, r) -> HopperTiles:
-        block_m, block_n = hopper.bwd_tiles(r.head_dim, r.causal or _windowed(r))
+        causal, local, _, _ = hopper.fa4_mask(r.causal, r.window_left, r.window_right)
+        block_m, block_n = hopper.bwd_tiles(r.head_dim, causal or local)   # windows tile like causal
         # Shift groups: the plan's default (a whole head up to 64 KV tiles, split evenly beyond),
         # which the head-by-head launch keeps co-resident (hopper.RESIDENT_SLOTS).
         return HopperTiles(block_m, block_n, None)

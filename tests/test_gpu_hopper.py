@@ -139,23 +139,29 @@ def test_the_order_fa4_also_runs_gives_fa4s_bits(causal, gqa):
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
-@pytest.mark.parametrize("schedule, causal, seqlen, head_dim", [
-    ("descending", True, 2048, 128), ("descending", False, 2048, 64),
-    ("shift", False, 2048, 64), ("shift", False, 8192, 128), ("shift", False, 16384, 64)],
+@pytest.mark.parametrize("schedule, causal, seqlen, head_dim, window", [
+    ("descending", True, 2048, 128, (-1, -1)), ("descending", False, 2048, 64, (-1, -1)),
+    ("shift", False, 2048, 64, (-1, -1)), ("shift", False, 8192, 128, (-1, -1)),
+    ("shift", False, 16384, 64, (-1, -1)),
+    ("ascending", True, 2048, 128, (300, 0)), ("spt", True, 2048, 128, (256, 0)),
+    ("descending", False, 2048, 128, (128, 128)), ("descending", False, 2048, 64, (-1, 200)),
+    ("ascending", False, 2048, 64, (300, -1))],
     ids=lambda x: x if isinstance(x, str) else str(x))
-def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, seqlen, head_dim):
+def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, seqlen, head_dim, window):
     """The kernel computes the visit order and ranks (bwd_sm90._visit); reading the plan's tables
     instead must add every dQ tile in the same order, so the bits are equal. The shift cases
-    include a whole-head group of 64 KV tiles (8k, hdim 128) and groups split evenly (16k)."""
+    include a whole-head group of 64 KV tiles (8k, hdim 128) and groups split evenly (16k); the
+    windowed ones check the ranks counted from each row's first visible KV tile."""
     import dataclasses
     from dash_plugin.kernels.hopper import bwd_sm90
     from tests.test_hopper_tables import plan_tables
-    tables = plan_tables(schedule, seqlen=seqlen, head_dim=head_dim, causal=causal)
-    assert tables.visit == schedule
-    p = problem(1, seqlen, 4, 4, head_dim, causal, seed=3)
+    tables = plan_tables(schedule, seqlen=seqlen, head_dim=head_dim, causal=causal, window=window)
+    assert tables.visit == ("ascending" if schedule == "spt" else schedule)
+    mask = dict(window_left=window[0], window_right=window[1])
+    p = problem(1, seqlen, 4, 4, head_dim, causal, seed=3, **mask)
     run = lambda t: bwd_sm90.attention_backward(  # noqa: E731
         p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"], softmax_scale=head_dim ** -0.5,
-        causal=causal, tables=t, deterministic=True)
+        causal=causal, tables=t, deterministic=True, **mask)
     with hang_guard(120):
         computed, read = run(tables), run(dataclasses.replace(tables, visit=None))
         torch.cuda.synchronize()

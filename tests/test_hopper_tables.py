@@ -168,6 +168,7 @@ def test_requests_the_backend_does_not_run_say_why():
     (True, 256, -1, (False, True, 256, 0)),            # causal sliding window
     (False, 128, 128, (False, True, 128, 128)),        # two-sided window
     (False, -1, 200, (False, True, None, 200)),        # right side only
+    (False, -1, 0, (True, False, None, None)),         # causal spelled as a window
     (False, 300, -1, (False, True, 300, None)),        # left side only, no causal limit
 ])
 def test_windows_in_fa4s_terms(causal, left, right, want):
@@ -188,3 +189,7 @@ def test_windows_and_softcap_run_here_softcap_with_dropout_does_not(monkeypatch)
     assert BACKEND.supports(request("shift", 2048, 64, True)) == \
         "the causal symmetric shift (two KV tiles per worker) runs on the Triton backend"
     assert BACKEND.supports(request("shift", 2048, 64, True, window=(256, 0))) is True   # descending fallback
+    # causal spelled as a window (-1, 0) is the causal mask: the plan would pair KV tiles
+    assert BACKEND.supports(request("shift", 2048, 64, False, window=(-1, 0))) == \
+        "the causal symmetric shift (two KV tiles per worker) runs on the Triton backend"
+    assert BACKEND.tiles(request("ascending", 2048, 128, False, window=(-1, 0)))[:2] == (64, 128)

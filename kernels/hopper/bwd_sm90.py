@@ -55,16 +55,16 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     `visit` names the closed form of the order (visit_tables.CLOSED_FORMS) or is None: read the
     plan's lists. `ascending` is FA4's own loop; `descending` and `shift` run FA4's
     index-list loops with each Q tile computed instead of read (`_ComputedVisits`), so no table
-    read sits on the producer's, the consumers' or the writer's path. `head_by_head` launches
-    the KV tiles of one head after another, which a cyclic shift group needs to be co-resident.
+    read sits on the producer's, the consumers' or the writer's path. A cyclic shift
+    (group_size > 1) is compiled with the KV tiles of one head launched after another
+    (`_launch_head_by_head`), which its groups need to be co-resident.
     """
 
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
-                 head_by_head: bool = False, dropout: bool = False, **kwargs):
+                 dropout: bool = False, **kwargs):
         self.kv_descending = kv_descending
         self.visit = visit
         self.group_size = group_size
-        self.head_by_head = head_by_head
         self.dropout = dropout
         self._index_lists = False
         super().__init__(*args, has_aux_tensors=dropout, **kwargs)
@@ -342,7 +342,9 @@ class _VisitRows:
 def _launch_head_by_head(enabled: bool):
     """While FA4's __call__ builds its grid, its deterministic tile scheduler launches the KV
     tiles of one head after another (no interleaving of heads for L2 reuse), so a cyclic shift
-    group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS)."""
+    group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS). It swaps
+    a module global of FA4's for the compile: not thread-safe, one compile at a time (as the
+    dropout forward's class swap)."""
     if not enabled:
         yield
         return
@@ -467,7 +469,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             AtomLayoutNdKV=cfg.AtomLayoutNdKV, AtomLayoutMdQ=cfg.AtomLayoutMdQ,
             num_threads=(cfg.num_wg + 1) * 128, V_in_regs=False, q_subtile_factor=1,
             dQ_single_wg=cfg.dQ_single_wg, kv_descending=tables.kv_descending, visit=tables.visit,
-            group_size=tables.group_size, head_by_head=head_by_head, dropout=dropout)
+            group_size=tables.group_size, dropout=dropout)
         sems = [None if t is None else fa4_utils.convert_from_dlpack_leading_static(
                     t, leading_dim=3, alignment=4, stride_order=t.dim_order())
                 for t in (sem_dq, sem_dk, sem_dv)]

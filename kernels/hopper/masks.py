@@ -9,8 +9,11 @@ from __future__ import annotations
 
 
 def fa4_mask(causal: bool, window_left: int, window_right: int):
-    """(causal, local, window_size_left, window_size_right) for FA4's kernels."""
+    """(causal, local, window_size_left, window_size_right) for FA4's kernels. A window of no
+    left limit and 0 keys to the right is the causal mask, whichever way it was spelled."""
     right = 0 if causal else window_right
-    if window_left < 0 and (causal or right < 0):
-        return causal, False, None, None
+    if window_left < 0 and right < 0:
+        return False, False, None, None
+    if window_left < 0 and right == 0:
+        return True, False, None, None
     return False, True, (None if window_left < 0 else window_left), (None if right < 0 else right)
