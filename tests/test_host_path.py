@@ -93,3 +93,20 @@ def test_host_overhead_script_runs(capsys):
     for backend in ("hopper", "triton"):
         assert f"backend=auto -> {backend}" in text
     assert text.count("us per call") == 8 and "cProfile of 3 fwd+bwd calls" in text
+
+
+def test_plain_eager_calls_skip_the_op_layer_and_watched_calls_do_not():
+    """The op layer (its argument checks, then the body) runs only when something besides eager
+    PyTorch watches the call; plain calls go straight to the body, with the same bits."""
+    from dash_plugin import checks
+    q, k, v = _inputs()
+    real = checks.check_op_args
+    with mock.patch.object(checks, "check_op_args", side_effect=real) as op_checks:
+        out = dash_plugin.flash_attention(q, k, v, causal=True)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        assert op_checks.call_count == 0
+        with _SeenOps():
+            again = dash_plugin.flash_attention(q, k, v, causal=True)
+            grads_again = torch.autograd.grad(again.sum(), (q, k, v))
+        assert op_checks.call_count == 2   # dash::fwd and dash::bwd
+    assert torch.equal(out, again) and all(torch.equal(a, b) for a, b in zip(grads, grads_again))
