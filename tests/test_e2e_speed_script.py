@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import script_modules
+
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 2
 
@@ -56,12 +58,7 @@ def test_e2e_speed_script_tiny_on_cpu(tmp_path):
 
 
 def load_script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_e2e_speed", ROOT / "scripts" / "gpu_e2e_speed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_modules.load_script("gpu_e2e_speed")
 
 
 def test_e2e_speed_script_rejects_bad_arguments(tmp_path, capsys, monkeypatch):

@@ -1,16 +1,11 @@
 """scripts/gpu_digests.py on the CPU (the reference path): the JSON it writes and its --compare."""
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_digests.py"
+from tests.script_modules import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_digests", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_digests")
 
 
 def test_digests_and_compare(tmp_path, capsys):

@@ -1,8 +1,6 @@
 """The host side of a call (scripts/host_overhead.py): the API's eager calls skip PyTorch's
 custom-op dispatcher but not what it is there for, and the Hopper path builds a shape's launch
 plan, its per-KV-tile tables and the device's properties once."""
-import importlib.util
-from pathlib import Path
 from unittest import mock
 
 import torch
@@ -12,14 +10,11 @@ import dash_plugin
 from dash_plugin.kernels import hopper, hopper_backend
 from dash_plugin.schedules import plan as launch_plans
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "host_overhead.py"
+from tests.script_modules import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("host_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("host_overhead")
 
 
 def _inputs(seqlen=16, head_dim=16, dtype=torch.float64):
