@@ -130,6 +130,11 @@ def _plain_eager(*tensors) -> bool:
             and not torch._C._autograd._profiler_enabled())
 
 
+def _forward_op(*tensors):
+    """``dash::fwd``'s body for plain eager calls, else the op (`_plain_eager`)."""
+    return _forward if _plain_eager(*tensors) else torch.ops.dash.fwd
+
+
 class _Attention(torch.autograd.Function):
     """What the public API calls when gradients are needed: the same context and backward as the
     op's registered autograd (one place, above), without the custom-op autograd wrapper, which
@@ -139,8 +144,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
-        fwd = _forward if _plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k) else torch.ops.dash.fwd
-        out, lse = fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
+        out, lse = _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k)(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
         _setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, *args), (out, lse))
         return out, lse
 
@@ -159,5 +163,4 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
         return torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
-    fwd = _forward if _plain_eager(q, k, v, cu_seqlens_q, cu_seqlens_k) else torch.ops.dash.fwd
-    return fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
+    return _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k)(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)

@@ -34,14 +34,17 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     that the backward reads. Windows and softcap as in masks.py. With dropout_p > 0 the kernel is
     our subclass that drops P in registers (dropout_sm90), with the mask of kernels/philox.py."""
     causal, _local, left, right = fa4_mask(causal, window_left, window_right)
-    mask = dict(causal=causal, window_size_left=left, window_size_right=right, softcap=softcap)
+    mask = dict(causal=causal, window_size_left=left, window_size_right=right)
     if dropout_p > 0:
+        if softcap:
+            raise ValueError("dropout_p > 0 with softcap runs on the Triton backend: the Hopper "
+                             "backward's dropout step applies no softcap")
         from . import dropout_sm90
         return dropout_sm90.attention_forward(q, k, v, softmax_scale=softmax_scale, mask=mask,
                                               dropout_p=dropout_p, seed=seed)
     from flash_attn.cute.interface import _flash_attn_fwd
     out, lse = _flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, num_splits=1, return_lse=True,
-                               **mask)[:2]
+                               softcap=softcap, **mask)[:2]
     return out, lse
 
 

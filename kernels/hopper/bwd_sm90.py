@@ -100,16 +100,12 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         arithmetic as visit_tables.closed_form_visits (a CPU test checks that one against the
         plan, a GPU test this one against the tables)."""
         m_min, m_max = block_info.get_m_block_min_max(seqlen, n_block)
-        if const_expr(self.visit == "ascending"):
-            m_block = m_min + step
-            # rank: KV tiles add in index order from the row's first visible one (a constant 0
-            # without a window); spt: the last visible KV tile adds first
-            rank = n_block - block_info.get_n_block_min_max(seqlen, m_block)[0]
-            if const_expr(self.kv_descending):
-                rank = block_info.get_n_block_min_max(seqlen, m_block)[1] - 1 - n_block
-        elif const_expr(self.visit == "descending"):
-            m_block = m_max - 1 - step
-            rank = n_block - block_info.get_n_block_min_max(seqlen, m_block)[0]
+        if const_expr(self.visit in ("ascending", "descending")):
+            m_block = m_min + step if const_expr(self.visit == "ascending") else m_max - 1 - step
+            n_min, n_max = block_info.get_n_block_min_max(seqlen, m_block)
+            # KV tiles add in index order from the row's first visible one (n_min is a constant 0
+            # without a window); under spt's launch the last visible one adds first
+            rank = n_max - 1 - n_block if const_expr(self.kv_descending) else n_block - n_min
         else:  # shift: member `lane` of the group starting at KV tile j0
             length = m_max - m_min
             lane = n_block % self.group_size

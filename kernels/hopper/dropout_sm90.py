@@ -217,13 +217,10 @@ def _fa4_forward_class(cls):
 
 def attention_forward(q, k, v, *, softmax_scale: float, mask: dict, dropout_p: float, seed: int):
     """(out, lse) with dropout on P; lse is of the undropped scores, as the backward needs.
-    `mask`: FA4's causal/window keywords (masks.fa4_mask); no softcap (its backward has none)."""
-    if mask.get("softcap"):
-        raise ValueError("dropout_p > 0 with softcap runs on the Triton backend, not this kernel")
+    `mask`: FA4's causal/window keywords (masks.fa4_mask)."""
     keep_scale(dropout_p)   # refuses a p that rounds to dropping everything
     params = params_tensor(seed, dropout_p, q.device)
     with _fa4_forward_class(DropoutForwardSm90):
         out, lse = fa4._flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, num_splits=1, pack_gqa=False,
-                                       aux_tensors=[params], return_lse=True,
-                                       **{k_: v_ for k_, v_ in mask.items() if k_ != "softcap"})[:2]
+                                       aux_tensors=[params], return_lse=True, **mask)[:2]
     return out, lse
