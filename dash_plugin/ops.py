@@ -140,17 +140,19 @@ class _Attention(torch.autograd.Function):
     op's registered autograd (one place, above), without the custom-op autograd wrapper, which
     spends about 41 us per forward rebuilding our 17-argument schema (docs/benchmarks/NOTES.md).
     Inside ``forward`` grad mode is off; it runs ``dash::fwd``'s body, or the op itself where
-    something besides eager PyTorch watches (`_plain_eager`)."""
+    something besides eager PyTorch watches (`_plain_eager`). The non-tensor arguments come as
+    one tuple: `apply` inspects each argument it is given, and 14 of them cost about 25 us a
+    call more than one."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, args):
         out, lse = _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k)(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
         _setup_context(ctx, (q, k, v, cu_seqlens_q, cu_seqlens_k, *args), (out, lse))
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)
+        return _backward(ctx, dout, dlse)[:6]
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
@@ -162,5 +164,5 @@ def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args):
     if torch.compiler.is_compiling():
         return torch.ops.dash.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)
+        return _Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, args)
     return _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k)(q, k, v, cu_seqlens_q, cu_seqlens_k, *args)

@@ -64,6 +64,27 @@ def checked_problem(request):
     return p, oracle.grads, oracle.grad_bars
 
 
+@pytest.mark.parametrize("feature", ("causal", "full", "causal-window256", "band128x128", "full-softcap30"))
+@pytest.mark.parametrize("gqa", (1, 4))
+@pytest.mark.parametrize("head_dim", (64, 96, 128))
+def test_forward_gives_fa4s_bits(feature, gqa, head_dim):
+    """fwd_sm90 compiles and launches FA4's sm90 forward itself (FA4's launcher costs more host
+    time than the kernel at short sequences); it must be the same kernel with the same tiles."""
+    from flash_attn.cute.interface import _flash_attn_fwd
+    mask = dict(FEATURES.get(feature, {"causal": feature == "causal"}))
+    causal = mask.pop("causal")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = torch.randn(2, 1000, 8, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(2, 1000, 8 // gqa, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in range(2))
+    ours = hopper.attention_forward(q, k, v, softmax_scale=head_dim ** -0.5, causal=causal, **mask)
+    fa4_mask = hopper.fa4_mask(causal, mask.get("window_left", -1), mask.get("window_right", -1))
+    theirs = _flash_attn_fwd(q, k, v, softmax_scale=head_dim ** -0.5, num_splits=1, return_lse=True,
+                             softcap=mask.get("softcap", 0.0), causal=fa4_mask[0], window_size_left=fa4_mask[2],
+                             window_size_right=fa4_mask[3])[:2]
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_matches_float64_oracle(checked_problem, schedule):
     p, ref, base = checked_problem

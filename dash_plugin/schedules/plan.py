@@ -69,20 +69,26 @@ class LaunchOptions:
 
     @classmethod
     def from_env(cls) -> "LaunchOptions":
-        persistent = os.environ.get("DASH_PERSISTENT_CYCLIC", "1") != "0"
-        raw = os.environ.get("DASH_DEBUG_WAITS", "0").strip().lower()
-        if raw in ("", "0", "false", "no", "off"):
-            return cls(persistent_cyclic=persistent)
-        if raw not in ("1", "true", "yes", "on"):
-            raise ValueError(f"DASH_DEBUG_WAITS={raw!r}: use 1 (on) or 0 (off)")
-        polls_raw = os.environ.get("DASH_DEBUG_WAIT_POLLS", str(_DEFAULT_POLLS))
-        try:
-            polls = int(polls_raw)
-        except ValueError:
-            polls = 0
-        if polls < 1:
-            raise ValueError(f"DASH_DEBUG_WAIT_POLLS={polls_raw!r}: must be a positive integer")
-        return cls(True, polls, persistent)
+        # Read on every backward; the parse (and the frozen instance) only when the values change.
+        return _options_of(os.environ.get("DASH_PERSISTENT_CYCLIC", "1"), os.environ.get("DASH_DEBUG_WAITS", "0"),
+                           os.environ.get("DASH_DEBUG_WAIT_POLLS", str(_DEFAULT_POLLS)))
+
+
+@lru_cache(maxsize=16)
+def _options_of(persistent_raw: str, waits_raw: str, polls_raw: str) -> LaunchOptions:
+    persistent = persistent_raw != "0"
+    raw = waits_raw.strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return LaunchOptions(persistent_cyclic=persistent)
+    if raw not in ("1", "true", "yes", "on"):
+        raise ValueError(f"DASH_DEBUG_WAITS={raw!r}: use 1 (on) or 0 (off)")
+    try:
+        polls = int(polls_raw)
+    except ValueError:
+        polls = 0
+    if polls < 1:
+        raise ValueError(f"DASH_DEBUG_WAIT_POLLS={polls_raw!r}: must be a positive integer")
+    return LaunchOptions(True, polls, persistent)
 
 
 @dataclass(frozen=True, eq=False)

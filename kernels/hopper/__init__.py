@@ -29,23 +29,14 @@ def available() -> bool:
 def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_left: int = -1,
                       window_right: int = -1, softcap: float = 0.0, dropout_p: float = 0.0, seed: int = 0):
     """(out, lse) of dense (B, S, H, D) fp16/bf16 inputs: FA4's sm90 forward kernel (warp-specialised,
-    TMA loads, `wgmma`, softmax overlapped with the next tile's products), called as a library. No
-    split-KV combine, so the output does not depend on timing; lse is the natural-log (B, H, S) fp32
-    that the backward reads. Windows and softcap as in masks.py. With dropout_p > 0 the kernel is
-    our subclass that drops P in registers (dropout_sm90), with the mask of kernels/philox.py."""
-    causal, _local, left, right = fa4_mask(causal, window_left, window_right)
-    mask = dict(causal=causal, window_size_left=left, window_size_right=right)
-    if dropout_p > 0:
-        if softcap:
-            raise ValueError("dropout_p > 0 with softcap runs on the Triton backend: the Hopper "
-                             "backward's dropout step applies no softcap")
-        from . import dropout_sm90
-        return dropout_sm90.attention_forward(q, k, v, softmax_scale=softmax_scale, mask=mask,
-                                              dropout_p=dropout_p, seed=seed)
-    from flash_attn.cute.interface import _flash_attn_fwd
-    out, lse = _flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, num_splits=1, return_lse=True,
-                               softcap=softcap, **mask)[:2]
-    return out, lse
+    TMA loads, `wgmma`, softmax overlapped with the next tile's products), compiled and launched by
+    fwd_sm90. No split-KV combine, so the output does not depend on timing; lse is the natural-log
+    (B, H, S) fp32 that the backward reads. Windows and softcap as in masks.py. With dropout_p > 0
+    the kernel is our subclass that drops P in registers (dropout_sm90), with the mask of
+    kernels/philox.py."""
+    from . import fwd_sm90
+    return fwd_sm90.attention_forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
+                                      window_right=window_right, softcap=softcap, dropout_p=dropout_p, seed=seed)
 
 
 def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal: bool,

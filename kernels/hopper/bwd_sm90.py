@@ -339,8 +339,7 @@ def _launch_head_by_head(enabled: bool):
     """While FA4's __call__ builds its grid, its deterministic tile scheduler launches the KV
     tiles of one head after another (no interleaving of heads for L2 reuse), so a cyclic shift
     group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS). It swaps
-    a module global of FA4's for the compile: not thread-safe, one compile at a time (as the
-    dropout forward's class swap)."""
+    a module global of FA4's for the compile: not thread-safe, one compile at a time."""
     if not enabled:
         yield
         return

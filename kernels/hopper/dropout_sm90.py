@@ -21,8 +21,6 @@ seed per step does not recompile. Imported only with the Hopper backend's packag
 from __future__ import annotations
 
 import inspect
-from contextlib import contextmanager
-
 import torch
 
 import cutlass
@@ -30,7 +28,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
-from flash_attn.cute import interface as fa4
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from quack import layout_utils
 
@@ -41,6 +38,7 @@ _DRAW_MASK = (1 << DROPOUT_BITS) - 1
 
 def params_tensor(seed: int, dropout_p: float, device) -> torch.Tensor:
     """(seed low 32 bits, seed high 32 bits, threshold, 0) as int32 on `device`."""
+    keep_scale(dropout_p)   # refuses a p that rounds to dropping everything
     seed = int(seed) & 0xFFFFFFFFFFFFFFFF
     words = [seed & 0xFFFFFFFF, seed >> 32, dropout_threshold(dropout_p), 0]
     signed = [w - (1 << 32) if w >= 1 << 31 else w for w in words]
@@ -198,29 +196,3 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
 
     def mma_one_n_block_intrawg_overlap(self, smem_pipe_read, **kwargs):
         return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **self._dropping(kwargs))
-
-
-_forward_cache: dict = {}
-
-
-@contextmanager
-def _fa4_forward_class(cls):
-    """Run FA4's forward launcher with `cls` as its sm90 kernel class and a compile cache of
-    our own (its cache key does not know the class). Not thread-safe: one launch at a time."""
-    saved = fa4.FlashAttentionForwardSm90, fa4._flash_attn_fwd.compile_cache
-    fa4.FlashAttentionForwardSm90, fa4._flash_attn_fwd.compile_cache = cls, _forward_cache
-    try:
-        yield
-    finally:
-        fa4.FlashAttentionForwardSm90, fa4._flash_attn_fwd.compile_cache = saved
-
-
-def attention_forward(q, k, v, *, softmax_scale: float, mask: dict, dropout_p: float, seed: int):
-    """(out, lse) with dropout on P; lse is of the undropped scores, as the backward needs.
-    `mask`: FA4's causal/window keywords (masks.fa4_mask)."""
-    keep_scale(dropout_p)   # refuses a p that rounds to dropping everything
-    params = params_tensor(seed, dropout_p, q.device)
-    with _fa4_forward_class(DropoutForwardSm90):
-        out, lse = fa4._flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, num_splits=1, pack_gqa=False,
-                                       aux_tensors=[params], return_lse=True, **mask)[:2]
-    return out, lse

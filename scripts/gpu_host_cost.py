@@ -1,0 +1,134 @@
+"""Host cost per call on the GPU: how many microseconds the Python side of each implementation
+spends per forward and per forward+backward, next to FA4 and SDPA, in one process.
+
+How: a tiny problem (default B=1, S=256, H=2, D=128), whose kernels take a few microseconds, so a
+loop of calls with no synchronisation is bound by the host: wall time / calls is the host cost
+of one call (CUDA events over the same loop say how long the GPU was busy, to show the loop was
+host-bound and not GPU-bound). Median of several loops after a warm-up that compiles everything.
+Then a cProfile of our forward+backward, sorted by own time.
+
+This is the figure behind short-sequence rows of dash-bench: at 1k tokens a forward kernel runs
+about 50 us, so a host cost above that sets the measured time.
+
+Usage: python scripts/gpu_host_cost.py [--impls dash-auto,fa4,...] [--shape B,S,H,D] [--full]
+       [--calls N] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from dash_plugin.bench.peers import select_impls  # noqa: E402
+from dash_plugin.bench.protocol import Point  # noqa: E402
+
+
+def _loop_us(fn, calls: int, loops: int) -> tuple[float, float]:
+    """(host us per call, GPU-busy us per call): medians over `loops` loops of `calls` calls."""
+    host, gpu = [], []
+    for _ in range(loops):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        end.record()
+        torch.cuda.synchronize()
+        host.append((t1 - t0) / calls * 1e6)
+        gpu.append(start.elapsed_time(end) / calls * 1e3)
+    return statistics.median(host), statistics.median(gpu)
+
+
+def _kernel_module_rows(base, point, args) -> dict:
+    """The Hopper backend's kernel-level functions called directly (no API, config, autograd or
+    dispatch layers): what the layers above them cost is the difference to dash-auto."""
+    from dash_plugin import dispatch
+    from dash_plugin.kernels import hopper, hopper_backend
+    if not hopper_backend._is_sm90("cuda") or not hopper.available():
+        return {}
+    q, k, v, do = (x.detach() for x in base)
+    scale = q.shape[-1] ** -0.5
+    out, lse = hopper.attention_forward(q, k, v, softmax_scale=scale, causal=point.causal)
+    fwd = lambda: hopper.attention_forward(q, k, v, softmax_scale=scale, causal=point.causal)  # noqa: E731
+    bwd = lambda: dispatch.attention_backward(do, q, k, v, out, lse, schedule="ascending", backend="hopper",  # noqa: E731
+                                              softmax_scale=scale, causal=point.causal)
+    for _ in range(20):
+        fwd(), bwd()
+    rows = {}
+    for name, fn in (("hopper.attention_forward", fwd), ("dispatch.attention_backward", bwd)):
+        host, gpu = _loop_us(fn, args.calls, args.loops)
+        rows[name] = dict(host_us=host, gpu_us=gpu)
+        print(f"{name:28s} {host:7.1f} us host ({gpu:6.1f} GPU)", flush=True)
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--impls", default="dash-auto,dash-descending,fa4,fa4-det,sdpa-cudnn,sdpa-flash")
+    ap.add_argument("--shape", default="1,256,2,128", help="B,S,H,D (default 1,256,2,128)")
+    ap.add_argument("--full", action="store_true", help="full mask (default causal)")
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--loops", type=int, default=7)
+    ap.add_argument("--out", default=None, help="folder for host_cost.json and profile.txt")
+    args = ap.parse_args(argv)
+    b, s, h, d = (int(x) for x in args.shape.split(","))
+    point = Point(batch=b, seqlen=s, heads_q=h, heads_kv=h, hdim=d, causal=not args.full)
+    device = torch.device("cuda")
+    gen = torch.Generator(device=device).manual_seed(0)
+    base = [torch.randn(b, s, h, d, device=device, dtype=torch.bfloat16, generator=gen) for _ in range(4)]
+    rows, profiled = {}, None
+    for impl in select_impls(args.impls, device):
+        reason = impl.unavailable_reason(device)
+        if reason:
+            print(f"{impl.name:18s} skipped: {reason}")
+            continue
+        fn = impl.build(point, device)
+        q, k, v = (impl.from_bshd(x).requires_grad_() for x in base[:3])
+        do = impl.from_bshd(base[3])
+        with impl.context():
+            fwd = lambda: fn(q, k, v)  # noqa: E731
+
+            def fwd_bwd():
+                torch.autograd.backward(fn(q, k, v), do)
+            for _ in range(20):
+                fwd_bwd()
+            f_host, f_gpu = _loop_us(fwd, args.calls, args.loops)
+            fb_host, fb_gpu = _loop_us(fwd_bwd, args.calls, args.loops)
+            if impl.name == "dash-auto":
+                prof = cProfile.Profile()
+                prof.enable()
+                for _ in range(args.calls):
+                    fwd_bwd()
+                prof.disable()
+                torch.cuda.synchronize()
+                text = io.StringIO()
+                pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
+                profiled = text.getvalue()
+        rows[impl.name] = dict(fwd_host_us=f_host, fwd_gpu_us=f_gpu, fwd_bwd_host_us=fb_host, fwd_bwd_gpu_us=fb_gpu)
+        print(f"{impl.name:18s} fwd {f_host:7.1f} us host ({f_gpu:6.1f} GPU)   "
+              f"fwd+bwd {fb_host:7.1f} us host ({fb_gpu:6.1f} GPU)", flush=True)
+    rows.update(_kernel_module_rows(base, point, args))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape,
+                    causal=not args.full, calls=args.calls, loops=args.loops)
+        with open(os.path.join(args.out, "host_cost.json"), "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f, indent=1)
+        if profiled:
+            with open(os.path.join(args.out, "host_profile.txt"), "w") as f:
+                f.write(profiled)
+
+
+if __name__ == "__main__":
+    main()
