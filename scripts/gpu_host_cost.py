@@ -1,10 +1,12 @@
 """Host cost per call on the GPU: how many microseconds the Python side of each implementation
 spends per forward and per forward+backward, next to FA4 and SDPA, in one process.
 
-How: a tiny problem (default B=1, S=256, H=2, D=128), whose kernels take a few microseconds, so a
-loop of calls with no synchronisation is bound by the host: wall time / calls is the host cost
-of one call (CUDA events over the same loop say how long the GPU was busy, to show the loop was
-host-bound and not GPU-bound). Median of several loops after a warm-up that compiles everything.
+How: a tiny problem (default B=1, S=256, H=2, D=128), whose kernels take a few microseconds. A
+short loop of calls with no synchronisation (25, so the launch queue never fills and blocks the
+host) gives the host cost of one call: wall time until the last launch returns / calls. CUDA
+events over the same loop give the time until the GPU finished: when it is the larger, the GPU
+(kernels plus launch gaps), not the host, set the pace. Medians of many loops after a warm-up
+that compiles everything.
 Then a cProfile of our forward+backward, sorted by own time.
 
 This is the figure behind short-sequence rows of dash-bench: at 1k tokens a forward kernel runs
@@ -50,6 +52,58 @@ def _loop_us(fn, calls: int, loops: int) -> tuple[float, float]:
     return statistics.median(host), statistics.median(gpu)
 
 
+def _bwd_sm90_alone(do, q, k, v, out, lse, scale, causal):
+    """The CuTe DSL backward's launcher with a plan built once: no dispatch, no plan lookup."""
+    from dash_plugin import dispatch
+    from dash_plugin.kernels.hopper import bwd_sm90
+    captured = {}
+    real = bwd_sm90.attention_backward
+
+    def capture(*a, **kw):
+        captured.update(kw)
+        return real(*a, **kw)
+    bwd_sm90.attention_backward = capture
+    try:
+        dispatch.attention_backward(do, q, k, v, out, lse, schedule="ascending", backend="hopper",
+                                    softmax_scale=scale, causal=causal)
+    finally:
+        bwd_sm90.attention_backward = real
+    return lambda: real(do, q, k, v, out, lse, **captured)
+
+
+def _autograd_backward_rows(impls, point, base, args) -> dict:
+    """Backward alone through autograd: `calls` forwards first (synchronised), then `calls`
+    torch.autograd.backward calls timed (host until the last returns, and GPU by events)."""
+    device = torch.device("cuda")
+    rows = {}
+    for impl in impls:
+        if impl.unavailable_reason(device):
+            continue
+        fn = impl.build(point, device)
+        q, k, v = (impl.from_bshd(x).requires_grad_() for x in base[:3])
+        do = impl.from_bshd(base[3])
+        host, gpu = [], []
+        with impl.context():
+            for loop in range(args.loops + 3):
+                outs = [fn(q, k, v) for _ in range(args.calls)]
+                torch.cuda.synchronize()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
+                start.record()
+                for o in outs:
+                    torch.autograd.backward(o, do)
+                t1 = time.perf_counter()
+                end.record()
+                torch.cuda.synchronize()
+                if loop >= 3:
+                    host.append((t1 - t0) / args.calls * 1e6)
+                    gpu.append(start.elapsed_time(end) / args.calls * 1e3)
+        h, g = statistics.median(host), statistics.median(gpu)
+        rows[impl.name + " bwd (autograd)"] = dict(host_us=h, gpu_us=g)
+        print(f"{impl.name + ' bwd (autograd)':28s} {h:7.1f} us host ({g:6.1f} GPU)", flush=True)
+    return rows
+
+
 def _kernel_module_rows(base, point, args) -> dict:
     """The Hopper backend's kernel-level functions called directly (no API, config, autograd or
     dispatch layers): what the layers above them cost is the difference to dash-auto."""
@@ -66,7 +120,8 @@ def _kernel_module_rows(base, point, args) -> dict:
     for _ in range(20):
         fwd(), bwd()
     rows = {}
-    for name, fn in (("hopper.attention_forward", fwd), ("dispatch.attention_backward", bwd)):
+    for name, fn in (("hopper.attention_forward", fwd), ("dispatch.attention_backward", bwd),
+                     ("bwd_sm90 alone", _bwd_sm90_alone(do, q, k, v, out, lse, scale, point.causal))):
         host, gpu = _loop_us(fn, args.calls, args.loops)
         rows[name] = dict(host_us=host, gpu_us=gpu)
         print(f"{name:28s} {host:7.1f} us host ({gpu:6.1f} GPU)", flush=True)
@@ -78,8 +133,11 @@ def main(argv=None):
     ap.add_argument("--impls", default="dash-auto,dash-descending,fa4,fa4-det,sdpa-cudnn,sdpa-flash")
     ap.add_argument("--shape", default="1,256,2,128", help="B,S,H,D (default 1,256,2,128)")
     ap.add_argument("--full", action="store_true", help="full mask (default causal)")
-    ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--loops", type=int, default=7)
+    # Few calls per loop: the launch queue must never fill, or a GPU-bound loop would block the
+    # host and its host time would read as the GPU's.
+    ap.add_argument("--calls", type=int, default=25)
+    ap.add_argument("--loops", type=int, default=41)
+    ap.add_argument("--trace", action="store_true", help="torch.profiler table of dash-auto's kernels")
     ap.add_argument("--out", default=None, help="folder for host_cost.json and profile.txt")
     args = ap.parse_args(argv)
     b, s, h, d = (int(x) for x in args.shape.split(","))
@@ -105,6 +163,15 @@ def main(argv=None):
                 fwd_bwd()
             f_host, f_gpu = _loop_us(fwd, args.calls, args.loops)
             fb_host, fb_gpu = _loop_us(fwd_bwd, args.calls, args.loops)
+            if impl.name == "dash-auto" and args.trace:
+                # torch.profiler: which kernels the GPU ran and for how long. (The profiler
+                # makes our calls take the custom-op path; kernel times are unaffected.)
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                        torch.profiler.ProfilerActivity.CUDA]) as tprof:
+                    for _ in range(10):
+                        fwd_bwd()
+                    torch.cuda.synchronize()
+                print(tprof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=60))
             if impl.name == "dash-auto":
                 prof = cProfile.Profile()
                 prof.enable()
@@ -119,6 +186,7 @@ def main(argv=None):
         print(f"{impl.name:18s} fwd {f_host:7.1f} us host ({f_gpu:6.1f} GPU)   "
               f"fwd+bwd {fb_host:7.1f} us host ({fb_gpu:6.1f} GPU)", flush=True)
     rows.update(_kernel_module_rows(base, point, args))
+    rows.update(_autograd_backward_rows(select_impls(args.impls, device), point, base, args))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape,
