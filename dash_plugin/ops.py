@@ -99,9 +99,14 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     ctx.args = rest
     ctx.mark_non_differentiable(lse)
+    # lse never has a gradient; without this autograd would allocate and zero one (B, H, S) fp32
+    # tensor per backward to pass as `dlse`.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):
+    if dout is None:   # nothing flowed into out (lse takes no gradient)
+        return (None,) * (5 + len(ctx.args))
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     # The forward checked these arguments, and autograd gives dout out's shape, dtype and device.
     # With create_graph=True the op stays: it refuses a second derivative, the plain body would

@@ -105,3 +105,22 @@ def test_plain_eager_calls_skip_the_op_layer_and_watched_calls_do_not():
             grads_again = torch.autograd.grad(again.sum(), (q, k, v))
         assert op_checks.call_count == 2   # dash::fwd and dash::bwd
     assert torch.equal(out, again) and all(torch.equal(a, b) for a, b in zip(grads, grads_again))
+
+
+def test_the_backward_gets_no_zero_filled_lse_gradient(monkeypatch):
+    """lse takes no gradient, so autograd must not allocate and zero one per backward for it:
+    the API's backward sees dlse=None; the op's own autograd (same context setup) gives the same
+    gradients."""
+    from dash_plugin import ops
+    seen, real = [], ops._backward
+
+    def spy(ctx, dout, dlse):
+        seen.append(dlse)
+        return real(ctx, dout, dlse)
+    monkeypatch.setattr(ops, "_backward", spy)
+    q, k, v = _inputs()
+    grads = torch.autograd.grad(dash_plugin.flash_attention(q, k, v, causal=True).sum(), (q, k, v))
+    out, lse = torch.ops.dash.fwd(q, k, v, None, None, 16, 16, 0.25, True, -1, 0, 0.0, 0.0, 0, "ascending", True)
+    op_grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert seen == [None]
+    assert all(torch.equal(a, b) for a, b in zip(grads, op_grads))
