@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -334,6 +335,59 @@ def test_sigterm_stops_the_whole_run_and_marks_it_incomplete(tmp_path, capsys):
 
     write_run(out / "run2", 2)  # even against a good run, the stopped one is refused
     refused(capsys, out / "run1", out / "run2", f"{out / 'run1'} is an incomplete run", "stopped by SIGTERM")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
+def test_sigkill_of_dash_repro_still_stops_the_run(tmp_path):
+    """SIGKILL cannot be caught: the run's watchdog sees dash-repro's end of its pipe close and
+    kills the run's process group (trainer and worker), so no training is left behind."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    out = tmp_path / "runs"
+    cli = subprocess.Popen([sys.executable, "-m", "dash_plugin.repro", "run", "--out", str(out),
+                            "--script", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = out / "run1" / "pids"
+    try:
+        deadline = time.monotonic() + 120
+        while not pids.exists() and cli.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pids.exists(), cli.communicate(timeout=30)
+        trainer, worker = map(int, pids.read_text().split())
+        assert _alive(trainer) and _alive(worker)
+        cli.kill()
+        cli.communicate(timeout=30)
+        deadline = time.monotonic() + 30   # the watchdog reads end of file and kills the group
+        while (_alive(trainer) or _alive(worker)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(trainer) and not _alive(worker)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        if pids.exists():
+            for pid in _group_members(int(pids.read_text().split()[0])):
+                os.kill(pid, signal.SIGKILL)
+    marker = (out / "run1" / "INCOMPLETE").read_text()
+    assert f"(process group {trainer}) and did not see it finish" in marker
+
+
+def test_a_finished_run_releases_its_watchdog_without_a_kill(tmp_path):
+    """The watchdog of a run that ended is told so ("d") and exits without touching the group."""
+    from dash_plugin.repro import cli
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        proc = types.SimpleNamespace(dash_watchdog=cli._start_watchdog(victim.pid))
+        watchdog = proc.dash_watchdog
+        cli._release_watchdog(proc)
+        cli._release_watchdog(proc)   # idempotent
+        assert watchdog.returncode == 0 and proc.dash_watchdog is None
+        assert victim.poll() is None   # still running: released, not killed
+        dead = cli._start_watchdog(victim.pid)
+        dead.stdin.close()             # end of file without "d": what dash-repro's death looks like
+        dead.wait(timeout=30)
+        assert victim.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if victim.poll() is None:
+            victim.kill()
 
 
 def test_a_signal_while_a_run_starts_is_held_until_the_run_can_be_stopped():

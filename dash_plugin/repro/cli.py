@@ -163,9 +163,44 @@ def _mark_incomplete(d: Path, why: str) -> None:
     (d / INCOMPLETE).write_text(why + "\n")
 
 
+# Run by a small watchdog process per run: it waits on a pipe from dash-repro. A "done" byte means the run
+# ended and was handled; end of file without it means dash-repro died without cleaning up (SIGKILL, a crash
+# of the interpreter, the OOM killer), and the watchdog kills the run's process group so no training is left
+# writing into its directory (or holding a GPU) with no one to stop it.
+_WATCHDOG = """import os, signal, sys
+pgid = int(sys.argv[1])
+if sys.stdin.buffer.read(1) != b"d":
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+def _start_watchdog(pgid: int) -> subprocess.Popen:
+    # A session of its own: a Ctrl-C at the terminal reaches dash-repro, which stops the runs itself.
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid)], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _release_watchdog(proc: subprocess.Popen) -> None:
+    """Tell the run's watchdog that dash-repro saw the run end (idempotent)."""
+    watchdog = getattr(proc, "dash_watchdog", None)
+    if watchdog is None:
+        return
+    proc.dash_watchdog = None
+    try:
+        watchdog.stdin.write(b"d")
+        watchdog.stdin.close()
+    except OSError:   # it is gone already
+        pass
+    watchdog.wait()
+
+
 def _start_run(d: Path, cmd: list[str], env: dict, shown_env: str):
     """Start one training process in a session of its own (so a launcher's workers can be stopped with it),
-    logging to OUT/train.log. Returns (process, open log)."""
+    logging to OUT/train.log, with a watchdog that kills that session if dash-repro dies without stopping
+    it. Returns (process, open log)."""
     d.mkdir(parents=True, exist_ok=True)
     _mark_incomplete(d, "dash-repro run started this run and did not see it finish")
     log = open(d / "train.log", "w")
@@ -176,7 +211,14 @@ def _start_run(d: Path, cmd: list[str], env: dict, shown_env: str):
     except OSError:
         log.close()
         raise
-    # If dash-repro itself is killed (SIGKILL cannot be caught), this says which processes to stop.
+    try:
+        proc.dash_watchdog = _start_watchdog(proc.pid)
+    except OSError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+        raise
+    # If dash-repro itself is killed (SIGKILL cannot be caught), its watchdog stops the run; this says which.
     _mark_incomplete(d, f"dash-repro run started this run (process group {proc.pid}) and did not see it finish")
     return proc, log
 
@@ -190,10 +232,11 @@ def _finished(d: Path, proc: subprocess.Popen, bar, total: int) -> bool:
         bar.update(done - bar.n)
     if not ended:
         return False
-    if proc.returncode != 0:
+    if proc.returncode != 0:   # _stop_runs releases its watchdog after killing what the run left
         _mark_incomplete(d, f"the training failed (exit {proc.returncode}); see {d / 'train.log'}")
         tail = "".join((d / "train.log").read_text().splitlines(True)[-25:])
         raise RunFailed(f"training run {d} failed (exit {proc.returncode}); end of {d / 'train.log'}:\n{tail}")
+    _release_watchdog(proc)
     (d / INCOMPLETE).unlink()
     return True
 
@@ -209,6 +252,7 @@ def _stop_runs(running: list, why: str) -> list[Path]:
         except ProcessLookupError:
             pass
         proc.wait()
+        _release_watchdog(proc)
         log.close()
         if was_training:
             _mark_incomplete(d, f"{why}; its process group {proc.pid} was killed")
@@ -228,7 +272,8 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
 
     A run is marked OUT/INCOMPLETE until it ends with exit 0. If a run fails, or dash-repro gets SIGINT,
     SIGTERM or SIGHUP, the process groups of all running runs are killed (none is left to write into its
-    directory later) and RunFailed is raised, with the log's tail for a failed run.
+    directory later) and RunFailed is raised, with the log's tail for a failed run. If dash-repro is
+    killed outright (SIGKILL), each run's watchdog kills its process group.
     """
     from tqdm import tqdm
 
