@@ -146,7 +146,7 @@ class _Attention(torch.autograd.Function):
     spends about 41 us per forward rebuilding our 17-argument schema (docs/benchmarks/NOTES.md).
     Inside ``forward`` grad mode is off; it runs ``dash::fwd``'s body, or the op itself where
     something besides eager PyTorch watches (`_plain_eager`). The non-tensor arguments come as
-    one tuple: `apply` inspects each argument it is given, and 14 of them cost about 25 us a
+    one tuple: `apply` inspects each argument it is given, and 12 of them cost about 25 us a
     call more than one."""
 
     @staticmethod

@@ -85,6 +85,21 @@ def test_forward_gives_fa4s_bits(feature, gqa, head_dim):
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
 
 
+def test_forward_with_broadcast_kv_compiles_apart_and_gives_fa4s_bits():
+    """K/V expanded over the batch (stride 0) compile with that stride static: such a kernel must
+    never serve ordinary inputs, nor the reverse (fwd_sm90's key says which dims have stride 0)."""
+    from flash_attn.cute.interface import _flash_attn_fwd
+    g = torch.Generator(device="cuda").manual_seed(8)
+    q = torch.randn(3, 512, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k1, v1 = (torch.randn(1, 512, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    for k, v in ((k1.expand(3, -1, -1, -1), v1.expand(3, -1, -1, -1)),
+                 (k1.expand(3, -1, -1, -1).contiguous(), v1.expand(3, -1, -1, -1).contiguous()),
+                 (k1.expand(3, -1, -1, -1), v1.expand(3, -1, -1, -1))):
+        ours = hopper.attention_forward(q, k, v, softmax_scale=128 ** -0.5, causal=True)
+        theirs = _flash_attn_fwd(q, k, v, softmax_scale=128 ** -0.5, causal=True, num_splits=1, return_lse=True)[:2]
+        assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_matches_float64_oracle(checked_problem, schedule):
     p, ref, base = checked_problem

@@ -298,31 +298,46 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
-def test_sigterm_stops_the_whole_run_and_marks_it_incomplete(tmp_path, capsys):
+def _start_sleeper_run(tmp_path):
+    """`dash-repro run` of SLEEPER, once its trainer and worker are up and the run's watchdog is
+    running (INCOMPLETE names the process group after the watchdog started).
+    Returns (dash-repro process, out folder, (trainer, worker))."""
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     out = tmp_path / "runs"
     cli = subprocess.Popen([sys.executable, "-m", "dash_plugin.repro", "run", "--out", str(out),
                             "--script", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids, marker = out / "run1" / "pids", out / "run1" / "INCOMPLETE"
+    deadline = time.monotonic() + 120  # the start of a Python process, however slow the machine
+    while not (pids.exists() and marker.exists() and "(process group" in marker.read_text()) \
+            and cli.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not pids.exists():
+        cli.kill()
+        raise AssertionError(cli.communicate(timeout=30))
+    return cli, out, tuple(map(int, pids.read_text().split()))
+
+
+def _leave_no_sleeper(cli, out):
+    if cli.poll() is None:
+        cli.kill()
     pids = out / "run1" / "pids"
+    if pids.exists():  # whatever the outcome, leave no sleeper behind
+        for pid in _group_members(int(pids.read_text().split()[0])):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
+def test_sigterm_stops_the_whole_run_and_marks_it_incomplete(tmp_path, capsys):
+    cli, out, (trainer, worker) = _start_sleeper_run(tmp_path)
     try:
-        deadline = time.monotonic() + 120  # the start of a Python process, however slow the machine
-        while not pids.exists() and cli.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert pids.exists(), cli.communicate(timeout=30)
-        trainer, worker = map(int, pids.read_text().split())
         assert _alive(trainer) and _alive(worker) and set(_group_members(trainer)) == {trainer, worker}
         assert f"(process group {trainer})" in (out / "run1" / "INCOMPLETE").read_text()  # while it trains
 
         cli.send_signal(signal.SIGTERM)
         _, err = cli.communicate(timeout=60)
     finally:
-        if cli.poll() is None:
-            cli.kill()
-        if pids.exists():  # whatever the outcome, leave no sleeper behind
-            for pid in _group_members(int(pids.read_text().split()[0])):
-                os.kill(pid, signal.SIGKILL)
+        _leave_no_sleeper(cli, out)
     assert cli.returncode == 2, err
     assert "stopped by SIGTERM; the training was killed and marked incomplete" in err and "Traceback" not in err
     deadline = time.monotonic() + 10  # the worker is orphaned by the kill; init collects it
@@ -341,18 +356,8 @@ def test_sigterm_stops_the_whole_run_and_marks_it_incomplete(tmp_path, capsys):
 def test_sigkill_of_dash_repro_still_stops_the_run(tmp_path):
     """SIGKILL cannot be caught: the run's watchdog sees dash-repro's end of its pipe close and
     kills the run's process group (trainer and worker), so no training is left behind."""
-    script = tmp_path / "sleeper.py"
-    script.write_text(SLEEPER)
-    out = tmp_path / "runs"
-    cli = subprocess.Popen([sys.executable, "-m", "dash_plugin.repro", "run", "--out", str(out),
-                            "--script", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pids = out / "run1" / "pids"
+    cli, out, (trainer, worker) = _start_sleeper_run(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while not pids.exists() and cli.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert pids.exists(), cli.communicate(timeout=30)
-        trainer, worker = map(int, pids.read_text().split())
         assert _alive(trainer) and _alive(worker)
         cli.kill()
         cli.communicate(timeout=30)
@@ -361,11 +366,7 @@ def test_sigkill_of_dash_repro_still_stops_the_run(tmp_path):
             time.sleep(0.05)
         assert not _alive(trainer) and not _alive(worker)
     finally:
-        if cli.poll() is None:
-            cli.kill()
-        if pids.exists():
-            for pid in _group_members(int(pids.read_text().split()[0])):
-                os.kill(pid, signal.SIGKILL)
+        _leave_no_sleeper(cli, out)
     marker = (out / "run1" / "INCOMPLETE").read_text()
     assert f"(process group {trainer}) and did not see it finish" in marker
 
@@ -379,11 +380,11 @@ def test_a_finished_run_releases_its_watchdog_without_a_kill(tmp_path):
         watchdog = proc.dash_watchdog
         cli._release_watchdog(proc)
         cli._release_watchdog(proc)   # idempotent
-        assert watchdog.returncode == 0 and proc.dash_watchdog is None
-        assert victim.poll() is None   # still running: released, not killed
+        assert watchdog.returncode == 0 and proc.dash_watchdog is None   # 0: released, killed nothing
+        assert victim.poll() is None   # still running
         dead = cli._start_watchdog(victim.pid)
         dead.stdin.close()             # end of file without "d": what dash-repro's death looks like
-        dead.wait(timeout=30)
+        assert dead.wait(timeout=30) == cli.WATCHDOG_KILLED
         assert victim.wait(timeout=30) == -signal.SIGKILL
     finally:
         if victim.poll() is None:

@@ -174,7 +174,9 @@ if sys.stdin.buffer.read(1) != b"d":
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
+    sys.exit(3)
 """
+WATCHDOG_KILLED = 3   # the watchdog's exit status when it killed (or found gone) the run's group
 
 
 def _start_watchdog(pgid: int) -> subprocess.Popen:

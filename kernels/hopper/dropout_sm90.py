@@ -21,6 +21,7 @@ seed per step does not recompile. Imported only with the Hopper backend's packag
 from __future__ import annotations
 
 import inspect
+
 import torch
 
 import cutlass

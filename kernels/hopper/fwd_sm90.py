@@ -2,11 +2,12 @@
 it), compiled once per configuration and called through TVM-FFI with the torch tensors.
 
 Why not FA4's launcher (`_flash_attn_fwd`): it re-derives tiles, flags and a 60-field compile key
-on every call, for every architecture and feature it serves. On the GPU machine's host that is
-130-190 us per call (scripts/gpu_host_cost.py), as long as the kernel itself at 1k tokens, so
-short sequences measured the host, not the GPU. Here the configuration depends on
-(dtype, head dim, GQA group, mask kind, softcap, dropout) alone: it is derived when that key is
-first seen, and a call is the inputs' layout check, two allocations, a dict lookup and the launch.
+on every call, for every architecture and feature it serves. On the GPU machine's host a call of
+FA4's `flash_attn_func` costs 100-190 us (scripts/gpu_host_cost.py), as long as the kernel itself
+at 1k tokens, so short sequences measured the host, not the GPU. Here the configuration depends
+on (dtype, head dim, GQA group, mask kind, softcap, dropout) and on which input dimensions have
+stride 0 (CuTe keeps those static in the compiled layout): it is derived when that key is first
+seen, and a call is the inputs' layout check, two allocations, a dict lookup and the launch.
 
 The kernel, its tiles (`_tile_size_fwd_sm90`) and its flags are FA4's sm90 choices for a dense
 batch, so the output has FA4's bits (tests/test_gpu_hopper.py checks it). Dropout uses our
@@ -32,7 +33,7 @@ _compiled: dict = {}
 
 
 def _compile(key, q, k, v, out, lse, softmax_scale, window_size_left, window_size_right, aux):
-    dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout = key
+    dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, _broadcast = key
     cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
     kernel_cls = dropout_sm90.DropoutForwardSm90 if dropout else FlashAttentionForwardSm90
     kernel = kernel_cls(
@@ -63,10 +64,13 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     batch, seqlen_q, heads, head_dim = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
+    if seqlen_q == 0 or k.shape[1] == 0:   # nothing to launch; no key is visible: softmax of nothing
+        return out.zero_(), lse.fill_(float("-inf"))
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (q.dtype, head_dim, heads // k.shape[2], causal, local, window_size_left is None,
-           window_size_right is None, float(softcap), dropout)
+           window_size_right is None, float(softcap), dropout,
+           tuple(tuple(stride == 0 for stride in t.stride()) for t in (q, k, v)))   # e.g. k.expand(B, ...)
     kernel = _compiled.get(key)
     if kernel is None:
         kernel = _compiled[key] = _compile(key, q, k, v, out, lse, softmax_scale, window_size_left,
