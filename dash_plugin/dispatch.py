@@ -5,6 +5,8 @@ sources before (config.py, api.py); docs/DESIGN.md, "The flow of a call".
 """
 from functools import lru_cache
 
+import torch
+
 from dash_plugin.kernels import backends
 from dash_plugin.schedules import auto
 from dash_plugin.schedules import plan as launch_plans
@@ -17,7 +19,10 @@ def request(q, k, schedule: str | None = None, *, cu_seqlens_q=None, max_seqlen_
     functions (docs/INTERNALS.md)."""
     spec = None if schedule is None else registry.get(schedule)
     varlen = cu_seqlens_q is not None
-    return spec, _request(
+    # Under torch.compile the Request is built once, at trace time; Dynamo would trace through the
+    # cache (and warn that it ignores it).
+    build = backends.Request if torch.compiler.is_compiling() else _request
+    return spec, build(
         q.device, q.dtype, q.shape[-1], schedule, None if spec is None else spec.kernel_mode, varlen,
         max_seqlen_q if varlen else q.shape[1], max_seqlen_k if varlen else k.shape[1], bool(causal),
         window_left, 0 if causal else window_right, softcap > 0, dropout_p > 0)

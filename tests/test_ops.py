@@ -207,3 +207,23 @@ def test_compiled_self_attention_with_one_tensor_for_q_k_v_matches_eager():
         return dash_plugin.flash_attention(x, x, x, causal=True)
 
     _compiled_matches_eager(step, (x,))
+
+
+def test_compiling_a_call_raises_no_warning_from_our_code(monkeypatch):
+    """Dynamo traces the API at compile time; where it meets a functools cache it warns that it
+    ignores it ("silent incorrectness is a potential risk"), an alarm a user of a determinism
+    library should not see. The API builds its request and auto rule without the caches there."""
+    import warnings
+    import torch._dynamo.utils as dynamo_utils
+    monkeypatch.setattr(dynamo_utils, "warn_once_cache", set(), raising=False)   # warned once per process
+    torch._dynamo.reset()
+    x = torch.randn(1, 16, 2, 16, generator=torch.Generator().manual_seed(0)).requires_grad_()
+
+    def step(x):
+        return dash_plugin.flash_attention(x, x, x, causal=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(step, fullgraph=True)(x)
+    ours = [str(w.message) for w in caught if "dash_plugin" in str(w.message) or "lru_cache" in str(w.message)]
+    assert ours == [], ours
+    assert torch.equal(out, step(x))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import torch
+
 from . import auto_table, auto_table_hopper, registry
 
 _KEYS = {"mask", "head_dim_max", "seqlen_max", "equal_lengths", "varlen", "schedule", "source"}
@@ -60,7 +62,10 @@ def choose_schedule(*, causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int
         raise ValueError(f"choose_schedule: causal=True needs window_right 0 or -1, got {window_right}")
     kind = mask_kind(causal, window_left, window_right)
     seqlen = max(seqlen_q, seqlen_k)
-    for rule in load_rules(backend):
+    # Under torch.compile this runs once, at trace time; Dynamo would trace through the cache (and
+    # warn that it ignores it).
+    rules = load_rules.__wrapped__(backend) if torch.compiler.is_compiling() else load_rules(backend)
+    for rule in rules:
         if rule["mask"] != kind:
             continue
         if rule.get("head_dim_max") is not None and head_dim > rule["head_dim_max"]:
