@@ -227,3 +227,19 @@ def test_compiling_a_call_raises_no_warning_from_our_code(monkeypatch):
     ours = [str(w.message) for w in caught if "dash_plugin" in str(w.message) or "lru_cache" in str(w.message)]
     assert ours == [], ours
     assert torch.equal(out, step(x))
+
+
+def test_compiled_dropout_draws_a_fresh_seed_per_call_and_follows_a_given_one():
+    """fullgraph compile with dropout: each call draws its own mask, reproducibly from
+    torch.manual_seed; with dropout_seed the compiled call gives the eager bits (README)."""
+    x = torch.randn(1, 16, 2, 16, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    drawn = torch.compile(lambda x: dash_plugin.flash_attention(x, x, x, causal=True, dropout_p=0.5),
+                          fullgraph=True)
+    torch.manual_seed(0)
+    first, second = drawn(x), drawn(x)
+    torch.manual_seed(0)
+    assert not torch.equal(first, second) and torch.equal(drawn(x), first)
+
+    def seeded(x):
+        return dash_plugin.flash_attention(x, x, x, causal=True, dropout_p=0.5, dropout_seed=123)
+    assert torch.equal(torch.compile(seeded, fullgraph=True)(x), seeded(x))
