@@ -104,6 +104,72 @@ def _autograd_backward_rows(impls, point, base, args) -> dict:
     return rows
 
 
+class _Timed:
+    """Wraps callables (module attributes or dict entries) to add up their host time by name."""
+
+    def __init__(self):
+        self.us, self.calls, self._undo = {}, {}, []
+
+    def wrap(self, owner, key, name, as_item=False):
+        real = owner[key] if as_item else getattr(owner, key)
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **kw)
+            finally:
+                self.us[name] = self.us.get(name, 0.0) + (time.perf_counter() - t0) * 1e6
+                self.calls[name] = self.calls.get(name, 0) + 1
+        if as_item:
+            owner[key] = timed
+            self._undo.append(lambda: owner.__setitem__(key, real))
+        else:
+            setattr(owner, key, timed)
+            self._undo.append(lambda: setattr(owner, key, real))
+
+    def undo(self):
+        while self._undo:
+            self._undo.pop()()
+
+
+def _backward_breakdown(base, point, args) -> dict:
+    """Where the host time of our backward goes when autograd runs it: the time inside our
+    Function's backward (ops._backward, on autograd's device thread), inside the dispatch layer,
+    inside bwd_sm90's launcher, and inside each FA4 helper and our kernel's launch. What
+    torch.autograd.grad costs beyond ops._backward is the engine's own."""
+    import dash_plugin
+    from dash_plugin import dispatch, ops
+    from dash_plugin.kernels.hopper import bwd_sm90
+    q, k, v = (x.detach().clone().requires_grad_() for x in base[:3])
+    do = base[3]
+    for _ in range(20):
+        torch.autograd.grad(dash_plugin.flash_attention(q, k, v, causal=point.causal), (q, k, v), do)
+    timed = _Timed()
+    timed.wrap(ops, "_backward", "ops._backward (inside the engine)")
+    timed.wrap(dispatch, "attention_backward", "dispatch.attention_backward")
+    timed.wrap(bwd_sm90, "attention_backward", "bwd_sm90.attention_backward")
+    timed.wrap(bwd_sm90.fa4, "_bwd_preprocess", "FA4 _bwd_preprocess")
+    timed.wrap(bwd_sm90.fa4, "_bwd_postprocess_convert", "FA4 _bwd_postprocess_convert")
+    for key in list(bwd_sm90._compiled):
+        timed.wrap(bwd_sm90._compiled, key, "our kernel's launch", as_item=True)
+    n, grad_us = args.calls * args.loops, 0.0
+    try:
+        for _ in range(n):
+            out = dash_plugin.flash_attention(q, k, v, causal=point.causal)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            torch.autograd.grad(out, (q, k, v), do)
+            grad_us += (time.perf_counter() - t0) * 1e6
+            torch.cuda.synchronize()
+    finally:
+        timed.undo()
+    rows = {"torch.autograd.grad (whole backward)": grad_us / n}
+    rows.update({name: us / n for name, us in timed.us.items()})
+    for name, us in rows.items():
+        print(f"  {name:40s} {us:7.1f} us per backward", flush=True)
+    return {"breakdown": rows}
+
+
 def _kernel_module_rows(base, point, args) -> dict:
     """The Hopper backend's kernel-level functions called directly (no API, config, autograd or
     dispatch layers): what the layers above them cost is the difference to dash-auto."""
@@ -138,6 +204,7 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=25)
     ap.add_argument("--loops", type=int, default=41)
     ap.add_argument("--trace", action="store_true", help="torch.profiler table of dash-auto's kernels")
+    ap.add_argument("--breakdown", action="store_true", help="host time of our backward by part")
     ap.add_argument("--out", default=None, help="folder for host_cost.json and profile.txt")
     args = ap.parse_args(argv)
     b, s, h, d = (int(x) for x in args.shape.split(","))
@@ -187,6 +254,9 @@ def main(argv=None):
               f"fwd+bwd {fb_host:7.1f} us host ({fb_gpu:6.1f} GPU)", flush=True)
     rows.update(_kernel_module_rows(base, point, args))
     rows.update(_autograd_backward_rows(select_impls(args.impls, device), point, base, args))
+    if args.breakdown:
+        print("our backward through autograd, by part (host time; synchronised before each call):")
+        rows.update(_backward_breakdown(base, point, args))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, shape=args.shape,
