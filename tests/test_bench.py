@@ -231,6 +231,32 @@ def test_report_writers_on_synthetic_results(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_source_digest_names_the_code_that_ran(tmp_path, capsys):
+    """Results record a digest of the sources (a device's copied tree may carry stale git
+    metadata): the same files give the same digest, any edit or new file another; the report
+    prints it and `dash-bench --source-digest` prints the installed tree's."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    (pkg / "notes.txt").write_text("not code")
+    first = runner.source_digest([str(pkg)])
+    assert runner.source_digest([str(pkg)]) == first and len(first) == 16
+    (pkg / "notes.txt").write_text("other")              # not a source: same digest
+    assert runner.source_digest([str(pkg)]) == first
+    (pkg / "sub" / "b.py").write_text("y = 3\n")
+    edited = runner.source_digest([str(pkg)])
+    (pkg / "sub" / "c.py").write_text("")
+    assert len({first, edited, runner.source_digest([str(pkg)])}) == 3
+    assert runner.environment(torch.device("cpu"))["source_digest"] == runner.source_digest()
+    res = _synthetic_results()
+    res["env"]["source_digest"] = "0123abcd4567ef89"
+    md = report.render_markdown(res, command="dash-bench --test")
+    assert "dash_plugin commit" in md and "source digest 0123abcd4567ef89" in md
+    assert cli.main(["--source-digest"]) == 0
+    assert capsys.readouterr().out.strip() == runner.source_digest()
+
+
 def test_auto_table_from_synthetic_results(tmp_path):
     res = _synthetic_results()
     autotable.write_auto_table(res, str(tmp_path / "auto.json"))

@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma list of implementation names or patterns (e.g. 'dash-*,sdpa-cudnn,flex'); "
                          "see --list")
     ap.add_argument("--list", action="store_true", help="list the implementations and whether they run here")
+    ap.add_argument("--source-digest", action="store_true",
+                    help="print the digest of the dash_plugin sources installed here (results files record it)")
     ap.add_argument("--hdims", default=None, help="comma list of head dims (default 64,128)")
     ap.add_argument("--hdim256", action="store_true", help="add the hdim 256 row")
     ap.add_argument("--gqa", action="store_true", help="add the GQA 4:1 row (hdim 128)")
@@ -149,6 +151,9 @@ def _main(args, command) -> int:
     import torch
     from . import peers, runner
 
+    if args.source_digest:
+        print(runner.source_digest())
+        return 0
     device_name = args.device or "cuda"
     if args.list:   # what would run on this machine, and why not where it would not
         device = torch.device(device_name if device_name == "cpu" or torch.cuda.is_available() else "cpu")

@@ -371,7 +371,8 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
     out = ["# dash-bench results", "",
            f"- Device: {where}",
            f"- Versions: torch {env.get('torch')}, triton {env.get('triton')}, CUDA {env.get('cuda')}, "
-           f"cuDNN {env.get('cudnn')}, Python {env.get('python')}; dash_plugin commit {env.get('git_commit')}",
+           f"cuDNN {env.get('cudnn')}, Python {env.get('python')}; dash_plugin commit {env.get('git_commit')}"
+           + (f", source digest {env['source_digest']}" if env.get("source_digest") else ""),
            f"- Date: {env.get('date')}; run {'complete' if results.get('complete') else 'INCOMPLETE'}"
            + (f" ({results.get('stop_reason')})" if results.get("stop_reason") else "")
            + f"; {results.get('elapsed_s', '?')} s"]

@@ -310,6 +310,29 @@ def _git_commit() -> Optional[str]:
         return None
 
 
+def source_digest(roots: Optional[list] = None) -> str:
+    """sha256 (first 16 hex digits) of the Python sources that ran: the dash_plugin package and its
+    kernels, by relative path and content. It names the code even where the checkout's git metadata
+    does not match its files (a copied working tree, uncommitted edits); `dash-bench --source-digest`
+    prints it for the tree installed here, to match a results file to a commit."""
+    import hashlib
+
+    if roots is None:
+        import dash_plugin
+        import dash_plugin.kernels
+        roots = [os.path.dirname(dash_plugin.__file__), os.path.dirname(dash_plugin.kernels.__file__)]
+    digest = hashlib.sha256()
+    for root in sorted(set(os.path.realpath(r) for r in roots)):
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, os.path.dirname(root)).encode() + b"\0")
+                with open(path, "rb") as f:
+                    digest.update(f.read() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def environment(device: torch.device) -> dict:
     try:
         import triton
@@ -326,6 +349,7 @@ def environment(device: torch.device) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "git_commit": _git_commit(),
+        "source_digest": source_digest(),
         "gpu": None,
         "sm_count": None,
     }
