@@ -193,3 +193,29 @@ def test_windows_and_softcap_run_here_softcap_with_dropout_does_not(monkeypatch)
     assert BACKEND.supports(request("shift", 2048, 64, False, window=(-1, 0))) == \
         "the causal symmetric shift (two KV tiles per worker) runs on the Triton backend"
     assert BACKEND.tiles(request("ascending", 2048, 128, False, window=(-1, 0)))[:2] == (64, 128)
+
+
+def test_forward_compile_key_separates_what_the_compiler_bakes_in():
+    """fwd_sm90 reuses a compiled forward for every call with its key: the key must change with
+    everything compiled in (stride-0 dims included: K/V expanded over the batch) and stay the same
+    across what is passed at run time (sizes, the scale, window sizes, the seed)."""
+    from dash_plugin.kernels.hopper.fwd_key import forward_key
+
+    def key(q, k, v=None, **over):
+        mask = dict(causal=True, local=False, window_size_left=None, window_size_right=None, softcap=0.0,
+                    dropout=False)
+        return forward_key(q, k, k if v is None else v, **{**mask, **over})
+    q = torch.empty(2, 64, 8, 128, dtype=torch.bfloat16)
+    k = torch.empty(2, 64, 2, 128, dtype=torch.bfloat16)
+    base = key(q, k)
+    assert key(torch.empty(3, 512, 8, 128, dtype=torch.bfloat16), torch.empty(3, 512, 2, 128, dtype=torch.bfloat16)) == base
+    assert key(q, k, local=True, causal=False, window_size_left=100, window_size_right=0) == \
+        key(q, k, local=True, causal=False, window_size_left=7, window_size_right=3)   # sizes: run time
+    broadcast = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16).expand(2, -1, -1, -1)
+    different = [key(q.half(), k.half()), key(torch.empty(2, 64, 8, 64), torch.empty(2, 64, 2, 64)),
+                 key(q, torch.empty(2, 64, 8, 128, dtype=torch.bfloat16)), key(q, k, causal=False),
+                 key(q, k, causal=False, local=True, window_size_left=5, window_size_right=None),
+                 key(q, k, causal=False, local=True, window_size_left=None, window_size_right=5),
+                 key(q, k, softcap=30.0), key(q, k, softcap=20.0), key(q, k, dropout=True),
+                 key(q, broadcast), key(q, k, broadcast)]
+    assert len({base, *different}) == len(different) + 1

@@ -5,9 +5,8 @@ Why not FA4's launcher (`_flash_attn_fwd`): it re-derives tiles, flags and a 60-
 on every call, for every architecture and feature it serves. On the GPU machine's host a call of
 FA4's `flash_attn_func` costs 100-190 us (scripts/gpu_host_cost.py), as long as the kernel itself
 at 1k tokens, so short sequences measured the host, not the GPU. Here the configuration depends
-on (dtype, head dim, GQA group, mask kind, softcap, dropout) and on which input dimensions have
-stride 0 (CuTe keeps those static in the compiled layout): it is derived when that key is first
-seen, and a call is the inputs' layout check, two allocations, a dict lookup and the launch.
+on the key of fwd_key.py alone: it is derived when that key is first seen, and a call is the
+inputs' layout check, two allocations, a dict lookup and the launch.
 
 The kernel, its tiles (`_tile_size_fwd_sm90`) and its flags are FA4's sm90 choices for a dense
 batch, so the output has FA4's bits (tests/test_gpu_hopper.py checks it). Dropout uses our
@@ -27,6 +26,7 @@ from flash_attn.cute.cute_dsl_utils import maybe_contiguous, to_cute_aux_tensor,
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
 from . import dropout_sm90
+from .fwd_key import forward_key
 from .masks import fa4_mask
 
 _compiled: dict = {}
@@ -67,10 +67,8 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     if seqlen_q == 0 or k.shape[1] == 0:   # nothing to launch; no key is visible: softmax of nothing
         return out.zero_(), lse.fill_(float("-inf"))
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
-    # Window sizes are run-time arguments; only which sides are limited is compiled in.
-    key = (q.dtype, head_dim, heads // k.shape[2], causal, local, window_size_left is None,
-           window_size_right is None, float(softcap), dropout,
-           tuple(tuple(stride == 0 for stride in t.stride()) for t in (q, k, v)))   # e.g. k.expand(B, ...)
+    key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
+                      window_size_right=window_size_right, softcap=softcap, dropout=dropout)
     kernel = _compiled.get(key)
     if kernel is None:
         kernel = _compiled[key] = _compile(key, q, k, v, out, lse, softmax_scale, window_size_left,
