@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -339,16 +340,22 @@ def _launch_head_by_head(enabled: bool):
     """While FA4's __call__ builds its grid, its deterministic tile scheduler launches the KV
     tiles of one head after another (no interleaving of heads for L2 reuse), so a cyclic shift
     group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS). It swaps
-    a module global of FA4's for the compile: not thread-safe, one compile at a time."""
+    a module global of FA4's for the compile (FA4's __call__ names the class directly), under a lock
+    so that two of our compiles never interleave the swap; a compile of FA4's own backward in
+    another thread at that moment would still see it."""
     if not enabled:
         yield
         return
-    saved = flash_bwd_sm90.SingleTileLPTBwdScheduler
-    flash_bwd_sm90.SingleTileLPTBwdScheduler = _HeadByHeadScheduler
-    try:
-        yield
-    finally:
-        flash_bwd_sm90.SingleTileLPTBwdScheduler = saved
+    with _swap_lock:
+        saved = flash_bwd_sm90.SingleTileLPTBwdScheduler
+        flash_bwd_sm90.SingleTileLPTBwdScheduler = _HeadByHeadScheduler
+        try:
+            yield
+        finally:
+            flash_bwd_sm90.SingleTileLPTBwdScheduler = saved
+
+
+_swap_lock = threading.Lock()
 
 
 class _HeadByHeadScheduler(SingleTileLPTBwdScheduler):
