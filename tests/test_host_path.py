@@ -124,3 +124,19 @@ def test_the_backward_gets_no_zero_filled_lse_gradient(monkeypatch):
     op_grads = torch.autograd.grad(out.sum(), (q, k, v))
     assert seen == [None]
     assert all(torch.equal(a, b) for a, b in zip(grads, op_grads))
+
+
+def test_gpu_host_cost_wraps_and_restores_what_it_times():
+    """scripts/gpu_host_cost.py --breakdown times our backward's parts by wrapping module
+    attributes and compiled-kernel entries; the wrappers add up host time per name and every
+    original is back afterwards (the script runs on the GPU; this checks its bookkeeping)."""
+    import types
+    timed = load_script("gpu_host_cost")._Timed()
+    module, table = types.SimpleNamespace(f=lambda x: x + 1), {"kernel": lambda: 5}
+    real_f, real_kernel = module.f, table["kernel"]
+    timed.wrap(module, "f", "f")
+    timed.wrap(table, "kernel", "kernel", as_item=True)
+    assert module.f(1) == 2 and module.f(2) == 3 and table["kernel"]() == 5
+    assert timed.calls == {"f": 2, "kernel": 1} and all(us >= 0 for us in timed.us.values())
+    timed.undo()
+    assert module.f is real_f and table["kernel"] is real_kernel
