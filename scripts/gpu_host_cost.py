@@ -34,21 +34,24 @@ from dash_plugin.bench.peers import select_impls  # noqa: E402
 from dash_plugin.bench.protocol import Point  # noqa: E402
 
 
-def _loop_us(fn, calls: int, loops: int) -> tuple[float, float]:
-    """(host us per call, GPU-busy us per call): medians over `loops` loops of `calls` calls."""
+def _loop_us(fn, calls: int, loops: int, prepare=None, warm_loops: int = 0) -> tuple[float, float]:
+    """(host us per call, GPU-busy us per call): medians over `loops` loops of `calls` calls.
+    `prepare`, untimed before each loop, returns the argument tuples of its calls (default: none)."""
     host, gpu = [], []
-    for _ in range(loops):
+    for loop in range(warm_loops + loops):
+        call_args = prepare() if prepare else [()] * calls
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         start.record()
-        for _ in range(calls):
-            fn()
+        for a in call_args:
+            fn(*a)
         t1 = time.perf_counter()
         end.record()
         torch.cuda.synchronize()
-        host.append((t1 - t0) / calls * 1e6)
-        gpu.append(start.elapsed_time(end) / calls * 1e3)
+        if loop >= warm_loops:
+            host.append((t1 - t0) / calls * 1e6)
+            gpu.append(start.elapsed_time(end) / calls * 1e3)
     return statistics.median(host), statistics.median(gpu)
 
 
@@ -82,23 +85,9 @@ def _autograd_backward_rows(impls, point, base, args) -> dict:
         fn = impl.build(point, device)
         q, k, v = (impl.from_bshd(x).requires_grad_() for x in base[:3])
         do = impl.from_bshd(base[3])
-        host, gpu = [], []
         with impl.context():
-            for loop in range(args.loops + 3):
-                outs = [fn(q, k, v) for _ in range(args.calls)]
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                start.record()
-                for o in outs:
-                    torch.autograd.backward(o, do)
-                t1 = time.perf_counter()
-                end.record()
-                torch.cuda.synchronize()
-                if loop >= 3:
-                    host.append((t1 - t0) / args.calls * 1e6)
-                    gpu.append(start.elapsed_time(end) / args.calls * 1e3)
-        h, g = statistics.median(host), statistics.median(gpu)
+            h, g = _loop_us(lambda o: torch.autograd.backward(o, do), args.calls, args.loops,
+                            prepare=lambda: [(fn(q, k, v),) for _ in range(args.calls)], warm_loops=3)
         rows[impl.name + " bwd (autograd)"] = dict(host_us=h, gpu_us=g)
         print(f"{impl.name + ' bwd (autograd)':28s} {h:7.1f} us host ({g:6.1f} GPU)", flush=True)
     return rows

@@ -413,9 +413,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     and softcap are ours in meaning (-1: unlimited side; s -> softcap * tanh(s / softcap)), run
     as FA4's local mask and softcap score_mod. With dropout_p > 0 the forward's mask (same seed)
     is drawn again in the kernel (not with softcap: the dropout step applies no score_mod)."""
-    if dropout_p > 0 and softcap:
-        raise ValueError("dropout_p > 0 with softcap: the Hopper backward's dropout step applies no "
-                         "softcap; this call runs on the Triton backend")
+    dropout_sm90.refuse_softcap(dropout_p, softcap)
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)

@@ -37,6 +37,14 @@ from ..philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, dropout_t
 _DRAW_MASK = (1 << DROPOUT_BITS) - 1
 
 
+def refuse_softcap(dropout_p: float, softcap: float) -> None:
+    """The Hopper kernels' dropout step applies no score_mod: dropout with softcap is the Triton
+    backend's (the backend's `supports` says so; this guards direct callers of the kernels)."""
+    if dropout_p > 0 and softcap:
+        raise ValueError("dropout_p > 0 with softcap runs on the Triton backend: the Hopper kernels' "
+                         "dropout step applies no softcap")
+
+
 def params_tensor(seed: int, dropout_p: float, device) -> torch.Tensor:
     """(seed low 32 bits, seed high 32 bits, threshold, 0) as int32 on `device`."""
     keep_scale(dropout_p)   # refuses a p that rounds to dropping everything

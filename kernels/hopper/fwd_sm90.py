@@ -56,10 +56,8 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     the undropped scores. Windows and softcap as in masks.py; dropout with the mask of
     kernels/philox.py (not with softcap)."""
     causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)
+    dropout_sm90.refuse_softcap(dropout_p, softcap)
     dropout = dropout_p > 0
-    if dropout and softcap:
-        raise ValueError("dropout_p > 0 with softcap runs on the Triton backend: the Hopper "
-                         "backward's dropout step applies no softcap")
     q, k, v = (maybe_contiguous(t).detach() for t in (q, k, v))   # DLPack exports no autograd tensors
     batch, seqlen_q, heads, head_dim = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
