@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import json
 import os
@@ -102,6 +103,8 @@ class _Timed:
     def wrap(self, owner, key, name, as_item=False):
         real = owner[key] if as_item else getattr(owner, key)
 
+        # wraps: FA4's helpers keep their compile caches as attributes of the function object
+        @functools.wraps(real)
         def timed(*a, **kw):
             t0 = time.perf_counter()
             try:
