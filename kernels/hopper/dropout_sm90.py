@@ -81,6 +81,9 @@ class DropoutParams:
     def __init__(self, params: cute.Tensor):
         self.key0, self.key1 = Uint32(params[0]), Uint32(params[1])
         self.threshold = Uint32(params[2])
+        # A draw sits in the top half of a word once the low half is shifted up (or already is):
+        # comparing the word with threshold << 16 then decides it, without isolating it first.
+        self.threshold_high = self.threshold << Uint32(DROPOUT_BITS)
         full = Float32(float(1 << DROPOUT_BITS))
         self.scale = full / (full - Float32(params[2]))   # keep_scale(p), on the device
 
@@ -92,16 +95,18 @@ class DropoutParams:
 
 @cute.jit
 def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
-    """Forward: P -> P * keep * scale, in place. `acc_mn` is the accumulator's (rows, cols)
-    view with rows = queries; thread-local row pairs (r, r+1) are rows i, i+8 and column quads
-    c..c+3 are columns j, j+1, j+8, j+9: one group, one Philox call."""
+    """Forward: P -> P * keep, in place (the keep scale is applied once per output element, by
+    DropoutForwardSm90.epilogue). `acc_mn` is the accumulator's (rows, cols) view with rows =
+    queries; thread-local row pairs (r, r+1) are rows i, i+8 and column quads c..c+3 are
+    columns j, j+1, j+8, j+9: one group, one Philox call."""
     for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
         for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 4):
             words = drop.group_words(coords_mn[r, c][0], coords_mn[r, c][1], head, batch)
             for d in cutlass.range_constexpr(8):
-                draw = (words[d // 2] >> (16 * (d % 2))) & Uint32(_DRAW_MASK)
+                word = words[d // 2]
+                draw_high = word if d % 2 else word << Uint32(DROPOUT_BITS)
                 x = acc_mn[r + d // 4, c + d % 4]
-                acc_mn[r + d // 4, c + d % 4] = x * drop.scale if draw >= drop.threshold else Float32(0.0)
+                acc_mn[r + d // 4, c + d % 4] = x if draw_high >= drop.threshold_high else Float32(0.0)
 
 
 # In a wgmma accumulator, lane ^ 4 holds the next accumulator row (here: the key of the other
@@ -141,15 +146,15 @@ def mark_dropped(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop)
                 packed = (mine[0] if use_mine else theirs[0], mine[1] if use_mine else theirs[1])
                 for dr in cutlass.range_constexpr(2):
                     for kk in cutlass.range_constexpr(2):
-                        draw = (packed[kk] >> Uint32(16 * dr)) & Uint32(_DRAW_MASK)
+                        draw_high = packed[kk] if dr else packed[kk] << Uint32(DROPOUT_BITS)
                         x = acc_mn[r + dr, c + e + 2 * kk]
-                        acc_mn[r + dr, c + e + 2 * kk] = x * drop.scale if draw >= drop.threshold else -x
+                        acc_mn[r + dr, c + e + 2 * kk] = x * drop.scale if draw_high >= drop.threshold_high else -x
 
 
 class _DroppingSoftmax:
     """FA4's Softmax with dropout applied right after each online-softmax step: the row sums
     have already taken the undropped P (dropout does not renormalise), and the P.V product that
-    follows sees P * keep * scale."""
+    follows sees P * keep."""
 
     def __init__(self, softmax, apply):
         self._softmax, self._apply = softmax, apply
@@ -169,6 +174,8 @@ _MMA_SIGNATURE = inspect.signature(FlashAttentionForwardSm90.mma)
 class DropoutForwardSm90(FlashAttentionForwardSm90):
     """FA4's sm90 forward with dropout. FA4 computes P inside its per-KV-tile steps and hands
     them the softmax object; these overrides hand them one that also drops (_DroppingSoftmax).
+    The kept P enter P.V unscaled and the output takes the keep scale in the epilogue: one
+    multiply per output element instead of one per score.
     The tile's (batch, head, query tile) come from the first step of each tile, whose mask
     function FA4 builds with them (later steps may get none); pack_gqa must be off so that
     accumulator rows are query positions."""
@@ -196,6 +203,10 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
             drop_probabilities(layout_utils.reshape_acc_to_mn(acc_S), coords_mn, head, batch, self._drop)
 
         return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], apply))
+
+    def epilogue(self, acc_O, *args, **kwargs):
+        acc_O.store(acc_O.load() * self._drop.scale)
+        return super().epilogue(acc_O, *args, **kwargs)
 
     def first_half_block_overlap(self, **kwargs):
         return super().first_half_block_overlap(**self._dropping(kwargs))
