@@ -2,7 +2,8 @@
 backward timed apart, with and without dropout, for Philox with 10 rounds (the mask), 7 rounds,
 and a stand-in mixer of a few instructions (wrong mask, shows the cost that is not Philox).
 
-    python scripts/gpu_dropout_probe.py OUT_DIR    (each variant runs in its own process)
+    python scripts/gpu_dropout_probe.py OUT_DIR [VARIANT,...]   (each variant in its own process;
+                                                                default: philox10,philox7,mixer)
 """
 import json
 import os
@@ -49,7 +50,8 @@ if __name__ == "__main__":
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     result = {}
-    for variant in ("philox10", "philox7", "mixer"):
+    variants = sys.argv[2].split(",") if len(sys.argv) > 2 else ("philox10", "philox7", "mixer")
+    for variant in variants:
         text = subprocess.run([sys.executable, __file__, "--variant", variant], capture_output=True, text=True,
                               env=dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))).stdout
         result[variant] = json.loads(text.strip().splitlines()[-1])
