@@ -134,61 +134,44 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             if const_expr(self.visit is None):
                 q_tiles = blocksparse_tensors.mask_block_idx[batch, head, n_block, None]
                 ranks = blocksparse_tensors.dq_write_order[batch, head, n_block, None]
-                visits = blocksparse_tensors.mask_block_cnt[batch, head, n_block]
-                for step in cutlass.range(visits, unroll=1):
-                    self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane, step, visits)
+                for step in cutlass.range(blocksparse_tensors.mask_block_cnt[batch, head, n_block], unroll=1):
+                    self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane)
             else:
                 seqlen = SeqlenInfoCls(batch)
                 m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
-                visits = m_block_max - m_block_min
-                for step in cutlass.range(visits, unroll=1):
+                for step in cutlass.range(m_block_max - m_block_min, unroll=1):
                     m_block, rank = self._visit(seqlen, block_info, n_block, step)
-                    self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane, step, visits)
+                    self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane)
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
         if const_expr(not self.deterministic):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def _add_dq_tile(self, sdQaccum, gdQ, counters, m_block, rank, lane, step, visits):
+    def _add_dq_tile(self, sdQaccum, gdQ, counters, m_block, rank, lane):
         """Add the consumers' fp32 dQ partial of Q tile `m_block` (in shared memory, one chunk
-        per consumer warpgroup) to the global accumulator; ordered mode adds as number `rank`.
-        `step` of `visits`: where this add stands in the KV tile's walk."""
+        per consumer warpgroup) to the global accumulator; ordered mode adds as number `rank`."""
         chunks = self.num_wg_dQ
-        if const_expr(not self.deterministic):
-            for c in cutlass.range_constexpr(chunks):
+        handshake = self.num_threads_per_warp_group + cute.arch.WARP_SIZE
+        # Shared dQ buffer free again: ordered mode already waited for the last add.
+        for c in cutlass.range_constexpr(chunks):
+            if const_expr(not self.deterministic):
                 cute.arch.cp_async_bulk_wait_group(chunks - 1 - c, read=True)
-                self._free_dq_chunk(c)
-        else:
-            # The first partial's buffer is free from the start; each later one was freed by the
-            # previous add as soon as its shared-memory source had been read.
-            if step == 0:
-                for c in cutlass.range_constexpr(chunks):
-                    self._free_dq_chunk(c)
+            cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + c,
+                                     number_of_threads=handshake)
+        if const_expr(self.deterministic):
             barrier.wait_eq(counters[(m_block, None)].iterator, lane, 0, rank)
         for c in cutlass.range_constexpr(chunks):
-            cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFullWG0) + c,
-                              number_of_threads=self.num_threads_per_warp_group + cute.arch.WARP_SIZE)
+            cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFullWG0) + c, number_of_threads=handshake)
             with cute.arch.elect_one():
                 copy_utils.cpasync_reduce_bulk_add_f32(
                     sdQaccum[None, c].iterator, gdQ[(None, c), m_block].iterator, self.tma_copy_bytes["dQ"])
             cute.arch.cp_async_bulk_commit_group()
         if const_expr(self.deterministic):
-            # The consumers may refill the buffer once the add has read it (read=True), which is
-            # long before the add has landed in global memory; the next contribution to this Q
-            # tile may start only after that (read=False), so the counter moves last.
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-            if step + 1 < visits:
-                for c in cutlass.range_constexpr(chunks):
-                    self._free_dq_chunk(c)
+            # read=False: the add has landed in global memory, not only left shared memory.
             cute.arch.cp_async_bulk_wait_group(0, read=False)
             barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
 
-    @cute.jit
-    def _free_dq_chunk(self, chunk: cutlass.Constexpr[int]):
-        """Tell consumer warpgroup `chunk` that its shared dQ buffer may be written again."""
-        cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + chunk,
-                                 number_of_threads=self.num_threads_per_warp_group + cute.arch.WARP_SIZE)
 
     def mma_one_m_block(self, *args, **kwargs):
         """One Q tile of a KV tile's loop: FA4's step, or ours when dropout is on."""
