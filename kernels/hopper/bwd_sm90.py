@@ -44,6 +44,7 @@ from flash_attn.cute.tile_scheduler import SingleTileLPTBwdScheduler
 from flash_attn.cute.named_barrier import NamedBarrierBwd
 from quack import copy_utils, layout_utils
 
+from ..philox import keep_scale
 from . import dropout_sm90
 from .masks import fa4_mask
 from .tile_table import bwd_tiles
@@ -94,7 +95,20 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         return super().load(*_with_computed_visits(self, args, _LOAD_ARGS))
 
     def mma(self, *args, **kwargs):
+        if self.dropout:
+            # Trace-time state: the run-time dropout constants, loaded where the consumers start,
+            # for every per-Q-tile step and the dK/dV epilogue traced inside.
+            aux_data = _MMA_SIGNATURE.bind(self, *args, **kwargs).arguments["aux_data"]
+            self._drop = dropout_sm90.DropoutParams(aux_data.tensors[0])
         return super().mma(*_with_computed_visits(self, args, _MMA_ARGS), **kwargs)
+
+    def epilogue_dKV(self, acc_dV, mdV, sV, acc_dK, *args, **kwargs):
+        """FA4's epilogue; with dropout, dV and dK first take the keep scale that the per-score
+        steps leave out (see _mma_one_m_block_dropout)."""
+        if self.dropout:
+            acc_dV.store(acc_dV.load() * self._drop.scale)
+            acc_dK.store(acc_dK.load() * self._drop.scale)
+        return super().epilogue_dKV(acc_dV, mdV, sV, acc_dK, *args, **kwargs)
 
     def _visit(self, seqlen, block_info, n_block, step):
         """(Q tile, rank) of this KV tile's `step`-th visit under the closed form; the same
@@ -189,10 +203,13 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     ):
         """FA4's step (products, pipelines and barriers in its order) with dropout between
         P and its two uses: dV takes P * keep * scale, and dS = P * (dP * keep * scale - dPsum).
-        The mask rides on the sign of P (mark_dropped) from the first use to the second."""
+        Both are computed divided by the keep scale (dV from P * keep, dS from
+        P * (dP * keep - dPsum / scale)), which dK and dV take once in the epilogue and dQ in its
+        conversion: one multiply per output element instead of one per score. The mask rides on
+        the sign of P (mark_dropped) from the first use to the second."""
         # score_mod_fn is FA4's partial with this KV tile's coordinates bound (no score_mod runs here).
         tile = score_mod_fn.keywords
-        drop = dropout_sm90.DropoutParams(tile["aux_data"].tensors[0])
+        drop = self._drop
         state_dO = consumer_state_Q if const_expr(self.Q_stage == self.dO_stage) else consumer_state_dO
         idx_Q = consumer_state_Q.index
         idx_dO = state_dO.index if const_expr(self.dO_stage > 1) else 0
@@ -219,7 +236,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                                   layout_utils.reshape_acc_to_mn(tile["thr_mma_SdP"].partition_C(coords)),
                                   tile["head_idx"], tile["batch_idx"], drop)
         dpsum = copy_utils.load_s2r(tLSEsdPsum[None, idx_dO])
-        # P * keep * scale for dV: the marked (negative) entries become 0
+        # P * keep for dV: the marked (negative) entries become 0
         kept = cute.make_fragment_like(acc_S)
         for i in cutlass.range(cute.size(acc_S), unroll_full=True):
             kept[i] = acc_S[i] if acc_S[i] > Float32(0.0) else Float32(0.0)
@@ -228,15 +245,14 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             if const_expr(self.PdS_stage == 1):
                 PdS_barrier.arrive_and_wait()
             copy_P_r2s(tdVrP, dst_idx=idx_PdS)
-        # dS: kept e = P*scale gives e * (dP - dPsum / scale); dropped e = -P gives e * dPsum.
+        # dS / scale: kept e = P gives e * (dP - dPsum / scale); dropped e = -P gives e * dPsum / scale.
         warpgroup.wait_group(0)
         acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP, transpose=self.SdP_swapAB)
         for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
-            dpsum_r = self._get_stat(dpsum, r, lane, shuffle=self.shuffle_dPsum)
-            dpsum_kept = dpsum_r / drop.scale
+            dpsum_r = self._get_stat(dpsum, r, lane, shuffle=self.shuffle_dPsum) / drop.scale
             for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
                 e = acc_S_mn[r, c]
-                acc_dP_mn[r, c] = e * (acc_dP_mn[r, c] - dpsum_kept) if e >= Float32(0.0) else e * dpsum_r
+                acc_dP_mn[r, c] = e * (acc_dP_mn[r, c] - dpsum_r) if e >= Float32(0.0) else e * dpsum_r
         tdKrdS = fa4_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
         # From here on FA4's step unchanged: dS to shared memory, dV += P^T dO, dQ = dS K, dK += dS^T Q.
         if const_expr(not self.mma_dkv_is_rs or (self.PdS_stage == 1 and self.mma_dkv_is_rs)):
@@ -288,6 +304,7 @@ def _arg_positions(method):
     return tuple(names.index(n) for n in ("blocksparse_tensors", "block_info", "SeqlenInfoCls"))
 
 
+_MMA_SIGNATURE = inspect.signature(FlashAttentionBackwardSm90.mma)
 _LOAD_ARGS = _arg_positions(FlashAttentionBackwardSm90.load)
 _MMA_ARGS = _arg_positions(FlashAttentionBackwardSm90.mma)
 
@@ -489,7 +506,9 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
                    (count, q_tile, None, None, None, None, rank, None) if index_lists else None, None)
 
     threads_dq = 128 if cfg.dQ_single_wg else cfg.num_wg * 128
-    fa4._bwd_postprocess_convert(dq_accum, dq, softmax_scale, None, None, 90, dtype, head_dim, tm,
+    # With dropout the kernel's dQ partials leave out the keep scale (see _mma_one_m_block_dropout).
+    dq_scale = softmax_scale * keep_scale(dropout_p) if dropout else softmax_scale
+    fa4._bwd_postprocess_convert(dq_accum, dq, dq_scale, None, None, 90, dtype, head_dim, tm,
                                  threads_dq, cfg.AtomLayoutMdQ, cfg.dQ_swapAB, cluster_size=1,
                                  fake_mode=False, hdim_multiple_of=multiple)
     if group > 1:

@@ -123,7 +123,8 @@ def _halves(words, shift):
 
 @cute.jit
 def mark_dropped(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
-    """Backward, on P^T (rows = keys, cols = queries): kept P -> P * scale, dropped P -> -P.
+    """Backward, on P^T (rows = keys, cols = queries): kept P stays, dropped P -> -P (the keep
+    scale is applied to the gradients once, after the products).
 
     The sign carries the mask to the dS step (P >= 0), so no mask registers are held across the
     dP product. A thread's key rows are j, j+8 of one parity p (bit 0 of j) and its query columns
@@ -148,7 +149,7 @@ def mark_dropped(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop)
                     for kk in cutlass.range_constexpr(2):
                         draw_high = packed[kk] if dr else packed[kk] << Uint32(DROPOUT_BITS)
                         x = acc_mn[r + dr, c + e + 2 * kk]
-                        acc_mn[r + dr, c + e + 2 * kk] = x * drop.scale if draw_high >= drop.threshold_high else -x
+                        acc_mn[r + dr, c + e + 2 * kk] = x if draw_high >= drop.threshold_high else -x
 
 
 class _DroppingSoftmax:
