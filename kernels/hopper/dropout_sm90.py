@@ -11,9 +11,10 @@ definition): one Philox4x32-10 call per group of eight scores, rows {i, i+8} x c
   of a group (lanes l and l ^ 4) each draw one of their two groups and swap halves, so the
   backward too makes one call per 8 scores (`mark_dropped`).
 
-No mask is kept in memory. The hope was that the rounds would hide under the other consumer
-warpgroup's products; measured on an H100 they do not (1.6-1.9x the call without dropout at hdim
-128; docs/benchmarks/dropout-2026-11-23-h100/ splits the cost between Philox and applying the mask).
+No mask is kept in memory, and the keep scale is applied to the outputs of the products, not
+per score. The hope was that the rounds would hide under the other consumer warpgroup's
+products; measured on an H100 they do not (1.3-1.9x the call without dropout at hdim 128;
+docs/benchmarks/ has the split between Philox and applying the mask, and the arithmetic).
 
 Seed and threshold reach the kernel at run time in a 4-int32 device tensor (`params`), so a new
 seed per step does not recompile. Imported only with the Hopper backend's packages present.
