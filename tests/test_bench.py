@@ -99,6 +99,8 @@ def test_determinism_check_detects_nondeterministic_fake():
     # the noise shows in dq only, and the error against the first implementation is measured
     assert 0 < noisy["max_rel_err"] < 1e-2 and good["max_rel_err"] == 0.0 and noisy["err_ref"] == "plain"
     assert good["bwd_tflops"] > 0 and good["fwd_ms"] > 0
+    # the forward is timed twice (before and after the backward); the faster median is the figure
+    assert len(good["fwd_ms_runs"]) == 2 and good["fwd_ms"] == min(good["fwd_ms_runs"])
 
 
 def test_failing_implementations_get_error_cells_and_the_run_goes_on():

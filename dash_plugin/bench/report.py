@@ -395,7 +395,8 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
         out.append("- dash-auto ran: " + ", ".join(f"{k} -> {v}" for k, v in resolved.items()))
     out += [f"- Protocol: {shapes}, forward FLOPs "
             f"4*B*H*S^2*D (halved causal), backward 2.5x; median time ({timer}, warm-up "
-            f"{cfg.get('warmup_ms')} ms, window {cfg.get('rep_ms')} ms); backward = "
+            f"{cfg.get('warmup_ms')} ms, window {cfg.get('rep_ms')} ms; forward: the faster of two "
+            f"medians, timed before and after the backward); backward = "
             f"`torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`; determinism: "
             f"{cfg.get('repeats')} backward passes on the same inputs compared with `torch.equal`."
             + (f" Dropout: p = {dropout_p(results)}, seed {cfg.get('seed')} (see the dropout section)."

@@ -218,8 +218,15 @@ def run_cell(impl: Impl, point: Point, inputs, device: torch.device, settings: S
             cell["det_mismatches"] = mismatches
             cell["deterministic"] = mismatches == 0
 
-            cell["fwd_ms"] = bench_ms(forward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
+            # The forward is timed before and after the backward and the faster median kept: the
+            # first timing of a point's first cell read up to 20 % low in H100 runs (the same
+            # kernel in the next column did not), which a one-off state at the start of a cell
+            # would explain. Both medians are recorded, so a run shows how far they differ.
+            fwd_first = bench_ms(forward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
             cell["bwd_ms"] = bench_ms(backward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
+            fwd_again = bench_ms(forward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
+            cell["fwd_ms_runs"] = [fwd_first, fwd_again]
+            cell["fwd_ms"] = min(fwd_first, fwd_again)
             cell["fwd_tflops"] = point.fwd_flops / (cell["fwd_ms"] * 1e-3) / 1e12
             cell["bwd_tflops"] = point.bwd_flops / (cell["bwd_ms"] * 1e-3) / 1e12
 
