@@ -393,10 +393,12 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
                 if c["impl"] == "dash-auto" and c.get("schedule_resolved")}
     if resolved:
         out.append("- dash-auto ran: " + ", ".join(f"{k} -> {v}" for k, v in resolved.items()))
+    # Runs before 2026-11-24 timed the forward once; a re-rendered old run must not claim two.
+    twice = any("fwd_ms_runs" in c for c in results["cells"])
+    fwd_timing = "; forward: the faster of two medians, timed before and after the backward" if twice else ""
     out += [f"- Protocol: {shapes}, forward FLOPs "
             f"4*B*H*S^2*D (halved causal), backward 2.5x; median time ({timer}, warm-up "
-            f"{cfg.get('warmup_ms')} ms, window {cfg.get('rep_ms')} ms; forward: the faster of two "
-            f"medians, timed before and after the backward); backward = "
+            f"{cfg.get('warmup_ms')} ms, window {cfg.get('rep_ms')} ms{fwd_timing}); backward = "
             f"`torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)`; determinism: "
             f"{cfg.get('repeats')} backward passes on the same inputs compared with `torch.equal`."
             + (f" Dropout: p = {dropout_p(results)}, seed {cfg.get('seed')} (see the dropout section)."

@@ -218,10 +218,11 @@ def run_cell(impl: Impl, point: Point, inputs, device: torch.device, settings: S
             cell["det_mismatches"] = mismatches
             cell["deterministic"] = mismatches == 0
 
-            # The forward is timed before and after the backward and the faster median kept: the
-            # first timing of a point's first cell read up to 20 % low in H100 runs (the same
-            # kernel in the next column did not), which a one-off state at the start of a cell
-            # would explain. Both medians are recorded, so a run shows how far they differ.
+            # The forward is timed before and after the backward and the faster median kept. In
+            # H100 runs, dash-auto (our first column at a point) read up to 24 % fewer TFLOP/s
+            # than our other columns running the same forward kernel; a one-off state at the start
+            # of a cell would explain that. Both medians are recorded, so a run shows whether the
+            # first is the outlier.
             fwd_first = bench_ms(forward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
             cell["bwd_ms"] = bench_ms(backward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
             fwd_again = bench_ms(forward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
