@@ -98,8 +98,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         if self.dropout:
             # Trace-time state: the run-time dropout constants, loaded where the consumers start,
             # for every per-Q-tile step and the dK/dV epilogue traced inside.
-            aux_data = _MMA_SIGNATURE.bind(self, *args, **kwargs).arguments["aux_data"]
-            self._drop = dropout_sm90.DropoutParams(aux_data.tensors[0])
+            self._drop, _ = dropout_sm90.drop_params_of_mma(FlashAttentionBackwardSm90.mma, self, args, kwargs)
         return super().mma(*_with_computed_visits(self, args, _MMA_ARGS), **kwargs)
 
     def epilogue_dKV(self, acc_dV, mdV, sV, acc_dK, *args, **kwargs):
@@ -249,7 +248,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         warpgroup.wait_group(0)
         acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP, transpose=self.SdP_swapAB)
         for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
-            dpsum_r = self._get_stat(dpsum, r, lane, shuffle=self.shuffle_dPsum) / drop.scale
+            dpsum_r = self._get_stat(dpsum, r, lane, shuffle=self.shuffle_dPsum) * drop.keep_rate   # / scale
             for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
                 e = acc_S_mn[r, c]
                 acc_dP_mn[r, c] = e * (acc_dP_mn[r, c] - dpsum_r) if e >= Float32(0.0) else e * dpsum_r
@@ -304,7 +303,6 @@ def _arg_positions(method):
     return tuple(names.index(n) for n in ("blocksparse_tensors", "block_info", "SeqlenInfoCls"))
 
 
-_MMA_SIGNATURE = inspect.signature(FlashAttentionBackwardSm90.mma)
 _LOAD_ARGS = _arg_positions(FlashAttentionBackwardSm90.load)
 _MMA_ARGS = _arg_positions(FlashAttentionBackwardSm90.mma)
 

@@ -14,13 +14,14 @@ definition): one Philox4x32-10 call per group of eight scores, rows {i, i+8} x c
 No mask is kept in memory, and the keep scale is applied to the outputs of the products, not
 per score. The hope was that the rounds would hide under the other consumer warpgroup's
 products; measured on an H100 they do not (1.3-1.9x the call without dropout at hdim 128;
-docs/benchmarks/ has the split between Philox and applying the mask, and the arithmetic).
+docs/benchmarks/ has the split between Philox and applying the mask, and the issue-slot count).
 
 Seed and threshold reach the kernel at run time in a 4-int32 device tensor (`params`), so a new
 seed per step does not recompile. Imported only with the Hopper backend's packages present.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -87,6 +88,9 @@ class DropoutParams:
         self.threshold_high = self.threshold << Uint32(DROPOUT_BITS)
         full = Float32(float(1 << DROPOUT_BITS))
         self.scale = full / (full - Float32(params[2]))   # keep_scale(p), on the device
+        # 1 / keep_scale(p) exactly (an integer times 2**-16): steps that divide by the scale
+        # multiply by this instead, so no IEEE division (a branch to a slow path) sits in them.
+        self.keep_rate = (full - Float32(params[2])) * Float32(1.0 / (1 << DROPOUT_BITS))
 
     def group_words(self, row, col, head, batch):
         """The four Philox words of the group holding score (row, col)."""
@@ -170,7 +174,17 @@ class _DroppingSoftmax:
         return row_scale
 
 
-_MMA_SIGNATURE = inspect.signature(FlashAttentionForwardSm90.mma)
+def drop_params_of_mma(method, kernel, args, kwargs):
+    """(DropoutParams, the call's arguments by name) of a call of FA4's `mma` (`method`: the
+    forward's or the backward's), from its `aux_data`; both kernels' dropout steps and epilogues
+    are traced inside that call, so values loaded here serve all of them."""
+    arguments = _signature(method).bind(kernel, *args, **kwargs).arguments
+    return DropoutParams(arguments["aux_data"].tensors[0]), arguments
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(method):
+    return inspect.signature(method)
 
 
 class DropoutForwardSm90(FlashAttentionForwardSm90):
@@ -183,9 +197,8 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
     accumulator rows are query positions."""
 
     def mma(self, *args, **kwargs):
-        arguments = _MMA_SIGNATURE.bind(self, *args, **kwargs).arguments
         # Trace-time state: values traced here dominate every per-tile step traced inside.
-        self._drop = DropoutParams(arguments["aux_data"].tensors[0])
+        self._drop, arguments = drop_params_of_mma(FlashAttentionForwardSm90.mma, self, args, kwargs)
         self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(arguments["tidx"])
         return super().mma(*args, **kwargs)
 

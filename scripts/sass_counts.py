@@ -1,0 +1,109 @@
+"""Instruction counts of the Hopper kernels' machine code (SASS), without a GPU.
+
+Compiles the Hopper forward or backward for sm_90a under torch's FakeTensorMode (nothing is
+launched), has the CuTe DSL keep the SASS, and counts its instructions: all of them and the
+opcodes that dropout adds work to (integer multiply-adds, logic ops, selects, compares, float
+multiplies, shifts, shuffles), next to the MUFU.EX2 and HGMMA the kernel has anyway. Use it to
+see what a change to a per-score step costs before spending GPU time on it: the forward's time
+with dropout has followed its instruction count (docs/benchmarks/dq-release-dropout-2026-11-23-h100/).
+
+Needs the `hopper` extra (CuTe DSL, flash-attn-4) and nvdisasm >= 13.4 on PATH
+(pip install nvidia-cuda-nvdisasm; the wheel puts it in site-packages/nvidia/cu13/bin).
+
+    CUTE_DSL_ARCH=sm_90a python scripts/sass_counts.py --kernel fwd --head-dim 128 --dropout 0.1
+
+The backward's host-side helpers from FA4 (its pre- and post-processing kernels, and a tensor
+conversion that asks the CUDA driver) are replaced by no-ops here: only our kernel compiles.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import sys
+import tempfile
+
+OPCODES = ("HGMMA", "MUFU.EX2", "IMAD", "LOP3", "FSEL", "ISETP", "FMUL", "SHF", "SHFL")
+
+
+def count(sass_text: str) -> dict:
+    """{"total": instructions, opcode: instructions whose opcode starts with it}."""
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass_text, re.M)
+    counts = {"total": len(ops)}
+    for name in OPCODES:
+        counts[name] = sum(op == name or op.startswith(name + ".") for op in ops)
+    return counts
+
+
+def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int) -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def inputs():
+        q = torch.empty(2, 512, 4, head_dim, dtype=torch.bfloat16, device="cuda")
+        return q, torch.empty(2, 512, heads_kv, head_dim, dtype=torch.bfloat16, device="cuda")
+
+    if kernel == "fwd":
+        from dash_plugin.kernels.hopper import fwd_sm90
+        compile_only = fwd_sm90._compile
+        fwd_sm90._compile = lambda *a, **kw: (compile_only(*a, **kw), lambda *args: None)[1]
+        with FakeTensorMode():
+            q, k = inputs()
+            fwd_sm90.attention_forward(q, k, k, softmax_scale=head_dim ** -0.5, causal=causal,
+                                       dropout_p=dropout, seed=1)
+        return
+    from dash_plugin.kernels.backends import DeviceProps, Request
+    from dash_plugin.kernels.hopper import bwd_sm90
+    from dash_plugin.kernels.hopper.visit_tables import tables_of
+    from dash_plugin.kernels.hopper_backend import BACKEND
+    from dash_plugin.schedules import registry
+    from dash_plugin.schedules.plan import AttentionShape, launch_plan
+
+    bwd_sm90.fa4._bwd_preprocess = lambda *a, **kw: None
+    bwd_sm90.fa4._bwd_postprocess_convert = lambda *a, **kw: None
+    bwd_sm90.fa4_utils.convert_from_dlpack_leading_static = (
+        lambda t, leading_dim, alignment, stride_order: bwd_sm90.to_cute_tensor(
+            t, assumed_align=alignment, leading_dim=leading_dim))
+    compile_only = bwd_sm90.cute.compile
+    bwd_sm90.cute.compile = lambda *a, **kw: (compile_only(*a, **kw), lambda *args: None)[1]
+    schedule = "descending"   # the plan is built from real tensors, outside the fake mode
+    req = Request(torch.device("cuda"), torch.bfloat16, head_dim, schedule, registry.get(schedule).kernel_mode,
+                  False, 512, 512, causal, -1, 0 if causal else -1, False, dropout > 0)
+    shape = AttentionShape(1, 1, 1, (512,), (512,), False, causal, -1, 0 if causal else -1)
+    plan = launch_plan(shape, schedule, tiles=BACKEND.tiles(req), device=DeviceProps(132))
+    tables = tables_of(plan.schedule.sequences[0])
+    with FakeTensorMode():
+        q, k = inputs()
+        lse = torch.empty(2, 4, 512, dtype=torch.float32, device="cuda")
+        bwd_sm90.attention_backward(q, q, k, k, q, lse, softmax_scale=head_dim ** -0.5, causal=causal,
+                                    tables=tables, deterministic=True, dropout_p=dropout, seed=1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", choices=("fwd", "bwd"), default="fwd")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--full", action="store_true", help="full mask (default: causal)")
+    ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--heads-kv", type=int, default=4, help="K/V heads for 4 query heads (default 4: MHA)")
+    args = ap.parse_args(argv)
+    if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
+        print("set CUTE_DSL_ARCH=sm_90a (no GPU here to ask)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as dump:
+        os.environ.update(CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump)
+        _compile(args.kernel, args.head_dim, not args.full, args.dropout, args.heads_kv)
+        files = glob.glob(os.path.join(dump, "*.sass"))
+        if len(files) != 1:
+            print(f"expected one SASS file, found {len(files)} in {dump}", file=sys.stderr)
+            return 1
+        with open(files[0]) as f:
+            counts = count(f.read())
+    print(f"{args.kernel} hdim{args.head_dim} {'full' if args.full else 'causal'} dropout={args.dropout}: "
+          + " ".join(f"{k}={v}" for k, v in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
