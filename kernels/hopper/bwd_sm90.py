@@ -202,8 +202,8 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     ):
         """FA4's step (products, pipelines and barriers in its order) with dropout between
         P and its two uses: dV takes P * keep * scale, and dS = P * (dP * keep * scale - dPsum).
-        Both are computed divided by the keep scale (dV from P * keep, dS from
-        P * (dP * keep - dPsum / scale)), which dK and dV take once in the epilogue and dQ in its
+        Both are computed divided by the keep scale (dV from P * keep, dS as
+        P * keep * dP - P * dPsum / scale), which dK and dV take once in the epilogue and dQ in its
         conversion: one multiply per output element instead of one per score. The mask rides on
         the sign of P (mark_dropped) from the first use to the second."""
         # score_mod_fn is FA4's partial with this KV tile's coordinates bound (no score_mod runs here).
@@ -244,14 +244,16 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             if const_expr(self.PdS_stage == 1):
                 PdS_barrier.arrive_and_wait()
             copy_P_r2s(tdVrP, dst_idx=idx_PdS)
-        # dS / scale: kept e = P gives e * (dP - dPsum / scale); dropped e = -P gives e * dPsum / scale.
+        # dS / scale = P * keep * dP - P * dPsum / scale, with P * keep = max(e, 0) (as for dV) and
+        # P = |e|: a multiply and a fused multiply-add per score, no select.
         warpgroup.wait_group(0)
         acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP, transpose=self.SdP_swapAB)
         for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
             dpsum_r = self._get_stat(dpsum, r, lane, shuffle=self.shuffle_dPsum) * drop.keep_rate   # / scale
             for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
                 e = acc_S_mn[r, c]
-                acc_dP_mn[r, c] = e * (acc_dP_mn[r, c] - dpsum_r) if e >= Float32(0.0) else e * dpsum_r
+                p_keep = e if e > Float32(0.0) else Float32(0.0)
+                acc_dP_mn[r, c] = p_keep * acc_dP_mn[r, c] - abs(e) * dpsum_r
         tdKrdS = fa4_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
         # From here on FA4's step unchanged: dS to shared memory, dV += P^T dO, dQ = dS K, dK += dS^T Q.
         if const_expr(not self.mma_dkv_is_rs or (self.PdS_stage == 1 and self.mma_dkv_is_rs)):

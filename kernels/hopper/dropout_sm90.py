@@ -36,8 +36,6 @@ from quack import layout_utils
 
 from ..philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, dropout_threshold, keep_scale
 
-_DRAW_MASK = (1 << DROPOUT_BITS) - 1
-
 
 def refuse_softcap(dropout_p: float, softcap: float) -> None:
     """The Hopper kernels' dropout step applies no score_mod: dropout with softcap is the Triton
@@ -119,11 +117,24 @@ def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch,
 _PARTNER_LANES = 4
 
 
-def _halves(words, shift):
-    """The 16-bit halves at `shift` of a call's four words, packed two per word."""
-    lo = Uint32(_DRAW_MASK)
-    return [((words[2 * kk] >> shift) & lo) | (((words[2 * kk + 1] >> shift) & lo) << Uint32(16))
-            for kk in range(2)]
+@dsl_user_op
+def _prmt(a, b, selector, *, loc=None, ip=None) -> Uint32:
+    """PTX prmt.b32: four bytes picked from (a, b) by the selector's nibbles (one instruction)."""
+    return Uint32(llvm.inline_asm(
+        T.i32(), [Uint32(v).ir_value(loc=loc, ip=ip) for v in (a, b, selector)],
+        "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+# prmt selectors that pack the low (high) 16-bit halves of (a, b) into one word, a's in the low half.
+_LOW_HALVES, _HIGH_HALVES = 0x5410, 0x7632
+
+
+def _halves(words, high):
+    """The low (high = 0) or high (high = 1) 16-bit halves of a call's four words, packed two
+    per word; `high` is a run-time 0 or 1."""
+    selector = Uint32(_LOW_HALVES) + high * Uint32(_HIGH_HALVES - _LOW_HALVES)
+    return [_prmt(words[2 * kk], words[2 * kk + 1], selector) for kk in range(2)]
 
 
 @cute.jit
@@ -144,9 +155,9 @@ def mark_dropped(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop)
             key = Uint32(coords_mn[r, c][0])
             parity = key & Uint32(1)
             words = drop.group_words(Uint32(coords_mn[r, c][1]) + parity, key, head, batch)
-            mine = _halves(words, parity * Uint32(16))
+            mine = _halves(words, parity)
             theirs = [cute.arch.shuffle_sync_bfly(w, offset=_PARTNER_LANES)
-                      for w in _halves(words, (Uint32(1) - parity) * Uint32(16))]
+                      for w in _halves(words, Uint32(1) - parity)]
             for e in cutlass.range_constexpr(2):
                 use_mine = parity == Uint32(e)
                 packed = (mine[0] if use_mine else theirs[0], mine[1] if use_mine else theirs[1])
