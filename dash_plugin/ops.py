@@ -157,7 +157,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _backward(ctx, dout, dlse)[:6]
+        return _backward(ctx, dout, dlse)[:5] + (None,)   # no gradient for the argument tuple
 
 
 def attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *args):

@@ -36,6 +36,11 @@ def count(sass_text: str) -> dict:
     return counts
 
 
+def _without_launch(compile_fn):
+    """`compile_fn` that compiles as before and returns a kernel that launches nothing."""
+    return lambda *a, **kw: (compile_fn(*a, **kw), lambda *args: None)[1]
+
+
 def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -46,18 +51,16 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
 
     if kernel == "fwd":
         from dash_plugin.kernels.hopper import fwd_sm90
-        compile_only = fwd_sm90._compile
-        fwd_sm90._compile = lambda *a, **kw: (compile_only(*a, **kw), lambda *args: None)[1]
+        fwd_sm90._compile = _without_launch(fwd_sm90._compile)
         with FakeTensorMode():
             q, k = inputs()
             fwd_sm90.attention_forward(q, k, k, softmax_scale=head_dim ** -0.5, causal=causal,
                                        dropout_p=dropout, seed=1)
         return
-    from dash_plugin.kernels.backends import DeviceProps, Request
-    from dash_plugin.kernels.hopper import bwd_sm90
-    from dash_plugin.kernels.hopper.visit_tables import tables_of
+    from dash_plugin import dispatch
+    from dash_plugin.kernels.backends import DeviceProps
+    from dash_plugin.kernels.hopper import bwd_sm90, check_waits_follow_launch, tables_of
     from dash_plugin.kernels.hopper_backend import BACKEND
-    from dash_plugin.schedules import registry
     from dash_plugin.schedules.plan import AttentionShape, launch_plan
 
     bwd_sm90.fa4._bwd_preprocess = lambda *a, **kw: None
@@ -65,16 +68,18 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
     bwd_sm90.fa4_utils.convert_from_dlpack_leading_static = (
         lambda t, leading_dim, alignment, stride_order: bwd_sm90.to_cute_tensor(
             t, assumed_align=alignment, leading_dim=leading_dim))
-    compile_only = bwd_sm90.cute.compile
-    bwd_sm90.cute.compile = lambda *a, **kw: (compile_only(*a, **kw), lambda *args: None)[1]
-    schedule = "descending"   # the plan is built from real tensors, outside the fake mode
-    req = Request(torch.device("cuda"), torch.bfloat16, head_dim, schedule, registry.get(schedule).kernel_mode,
-                  False, 512, 512, causal, -1, 0 if causal else -1, False, dropout > 0)
-    shape = AttentionShape(1, 1, 1, (512,), (512,), False, causal, -1, 0 if causal else -1)
+    bwd_sm90.cute.compile = _without_launch(bwd_sm90.cute.compile)
+    schedule = "descending"
+    fake = FakeTensorMode()
+    with fake:
+        q, k = inputs()
+        _, req = dispatch.request(q, k, schedule, causal=causal, dropout_p=dropout)
+        shape = AttentionShape.of(q, k, causal=causal)
+    # The plan is built from real tensors, outside the fake mode, as the backend builds it.
     plan = launch_plan(shape, schedule, tiles=BACKEND.tiles(req), device=DeviceProps(132))
     tables = tables_of(plan.schedule.sequences[0])
-    with FakeTensorMode():
-        q, k = inputs()
+    check_waits_follow_launch(tables)
+    with fake:
         lse = torch.empty(2, 4, 512, dtype=torch.float32, device="cuda")
         bwd_sm90.attention_backward(q, q, k, k, q, lse, softmax_scale=head_dim ** -0.5, causal=causal,
                                     tables=tables, deterministic=True, dropout_p=dropout, seed=1)

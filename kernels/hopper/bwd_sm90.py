@@ -244,16 +244,15 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             if const_expr(self.PdS_stage == 1):
                 PdS_barrier.arrive_and_wait()
             copy_P_r2s(tdVrP, dst_idx=idx_PdS)
-        # dS / scale = P * keep * dP - P * dPsum / scale, with P * keep = max(e, 0) (as for dV) and
+        # dS / scale = P * keep * dP - P * dPsum / scale, with P * keep the dV operand above and
         # P = |e|: a multiply and a fused multiply-add per score, no select.
         warpgroup.wait_group(0)
         acc_dP_mn = layout_utils.reshape_acc_to_mn(acc_dP, transpose=self.SdP_swapAB)
+        kept_mn = layout_utils.reshape_acc_to_mn(kept, transpose=self.SdP_swapAB)
         for r in cutlass.range_constexpr(cute.size(acc_dP_mn, mode=[0])):
             dpsum_r = self._get_stat(dpsum, r, lane, shuffle=self.shuffle_dPsum) * drop.keep_rate   # / scale
             for c in cutlass.range(cute.size(acc_dP_mn, mode=[1]), unroll_full=True):
-                e = acc_S_mn[r, c]
-                p_keep = e if e > Float32(0.0) else Float32(0.0)
-                acc_dP_mn[r, c] = p_keep * acc_dP_mn[r, c] - abs(e) * dpsum_r
+                acc_dP_mn[r, c] = kept_mn[r, c] * acc_dP_mn[r, c] - abs(acc_S_mn[r, c]) * dpsum_r
         tdKrdS = fa4_utils.cvt_f16(layout_utils.reshape_acc_to_frgA(acc_dP), self.dtype)
         # From here on FA4's step unchanged: dS to shared memory, dV += P^T dO, dQ = dS K, dK += dS^T Q.
         if const_expr(not self.mma_dkv_is_rs or (self.PdS_stage == 1 and self.mma_dkv_is_rs)):

@@ -80,10 +80,9 @@ class DropoutParams:
 
     def __init__(self, params: cute.Tensor):
         self.key0, self.key1 = Uint32(params[0]), Uint32(params[1])
-        self.threshold = Uint32(params[2])
         # A draw sits in the top half of a word once the low half is shifted up (or already is):
         # comparing the word with threshold << 16 then decides it, without isolating it first.
-        self.threshold_high = self.threshold << Uint32(DROPOUT_BITS)
+        self.threshold_high = Uint32(params[2]) << Uint32(DROPOUT_BITS)
         full = Float32(float(1 << DROPOUT_BITS))
         self.scale = full / (full - Float32(params[2]))   # keep_scale(p), on the device
         # 1 / keep_scale(p) exactly (an integer times 2**-16): steps that divide by the scale
