@@ -1,0 +1,130 @@
+"""The dropout mask drawn ahead of a Hopper kernel, stored as keep bits in the order the
+kernel's threads hold the scores.
+
+Why: drawn inside the Hopper kernels, Philox is about 45 instructions per eight scores on the
+consumer warpgroups' path, which are the ones that also issue the products and the softmax; the
+forward with dropout ran 1.8x the code and 1.8x the time of the forward without. Here a separate
+kernel draws the same numbers (kernels/philox.py's mask, bit for bit) at full occupancy and
+writes one bit per score; the attention kernel loads one 32-bit word per 64 scores of a row pair
+and tests bits. The memory is B * H * S_q * S_k / 8 bytes (about 1 bit per score), allocated for
+one kernel and freed after it: the forward and the backward each draw their own, so nothing is
+held from the forward to the backward.
+
+Layout (`BitLayout`): the kernel's score tile is seen in its own orientation, rows x cols
+(forward: queries x keys; backward, which computes S^T: keys x queries). A `wgmma` accumulator
+gives each thread, per 16 x 16 block, the rows {i, i+8} and the columns {j, j+1, j+8, j+9} with
+i = lane // 4 and j = 2 * (lane % 4) inside the block: eight scores, one byte. Bit
+4 * bit3(row) + 2 * bit3(col) + bit0(col) of the byte is the score's keep bit (in the forward's
+orientation that is the Philox draw index of kernels/philox.py). Bytes are stored per (batch,
+head, 16-row block, lane) along the columns: the column tiles of the consumer kernel (width
+`col_tile`) each take `words_per_tile` int32 words, byte k of a tile being its k-th 16-column
+block, so a thread loads its tile's bits with one or two word loads.
+
+The rows are padded to the kernel's row tile and the columns to its column tile, and the
+padding is drawn too (Philox of positions past the end is well defined), so the kernel reads
+the same bits the in-kernel path would draw. Tiles with no visible score, by a margin of one
+tile, are not drawn (the kernel never reads them).
+
+`pack` is the plain PyTorch reference of the layout; `draw` launches the Triton kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .philox import dropout_threshold
+
+LANES = 32
+BLOCK = 16          # rows and columns of one block of a thread's bytes
+BLOCKS_PER_WORD = 4  # a 32-bit word holds the bytes of four column blocks
+
+
+@dataclass(frozen=True)
+class BitLayout:
+    """Where each score's keep bit sits, for one consumer kernel's tiles."""
+    rows: int           # in the kernel's orientation
+    cols: int
+    row_tile: int       # the kernel's tile, rows x cols, multiples of 16
+    col_tile: int
+    transposed: bool    # rows are keys and columns queries (the backward's S^T)
+
+    def __post_init__(self):
+        for name in ("row_tile", "col_tile"):
+            value = getattr(self, name)
+            if value <= 0 or value % BLOCK:
+                raise ValueError(f"{name}={value}: must be a positive multiple of {BLOCK}")
+
+    @property
+    def row_blocks(self) -> int:
+        """16-row blocks, the rows padded to whole row tiles."""
+        return -(-self.rows // self.row_tile) * (self.row_tile // BLOCK)
+
+    @property
+    def col_tiles(self) -> int:
+        return -(-self.cols // self.col_tile)
+
+    @property
+    def words_per_tile(self) -> int:
+        return -(-(self.col_tile // BLOCK) // BLOCKS_PER_WORD)
+
+    @property
+    def words_per_row(self) -> int:
+        return self.col_tiles * self.words_per_tile
+
+    def shape(self, batch: int, heads: int) -> tuple[int, int, int, int]:
+        """int32 (batch, heads, 16-row block * 32 + lane, word)."""
+        return batch, heads, self.row_blocks * LANES, self.words_per_row
+
+    def nbytes(self, batch: int, heads: int) -> int:
+        b, h, r, w = self.shape(batch, heads)
+        return 4 * b * h * r * w
+
+
+def pack(keep: torch.Tensor, layout: BitLayout) -> torch.Tensor:
+    """Plain PyTorch reference: the int32 words of a (batch, heads, rows, cols) bool keep mask,
+    already in the layout's orientation and padded to whole tiles (rows: layout.row_blocks * 16,
+    cols: layout.col_tiles * layout.col_tile). Pad bytes of a tile's last word are 0."""
+    b, h, rows, cols = keep.shape
+    if rows != layout.row_blocks * BLOCK or cols != layout.col_tiles * layout.col_tile:
+        raise ValueError(f"keep mask of {rows} x {cols}: the layout wants "
+                         f"{layout.row_blocks * BLOCK} x {layout.col_tiles * layout.col_tile}")
+    blocks = layout.col_tile // BLOCK
+    # rows = (16-row block, bit3, row % 8); cols = (tile, block, bit3, (col % 8) // 2, bit0)
+    k = keep.to(torch.int64).reshape(b, h, layout.row_blocks, 2, 8, layout.col_tiles, blocks, 2, 4, 2)
+    # -> (b, h, row block, row % 8, col pair, tile, block | bit3 row, bit3 col, bit0 col)
+    k = k.permute(0, 1, 2, 4, 8, 5, 6, 3, 7, 9).reshape(b, h, layout.row_blocks, 8, 4, layout.col_tiles, blocks, 8)
+    byte = (k << torch.arange(8)).sum(-1)
+    byte = torch.nn.functional.pad(byte, (0, layout.words_per_tile * BLOCKS_PER_WORD - blocks))
+    byte = byte.reshape(b, h, layout.row_blocks, 8, 4, layout.col_tiles, layout.words_per_tile, BLOCKS_PER_WORD)
+    word = (byte << (8 * torch.arange(BLOCKS_PER_WORD))).sum(-1)
+    word = torch.where(word >= 1 << 31, word - (1 << 32), word)   # as int32
+    return word.reshape(layout.shape(b, h)).to(torch.int32)
+
+
+def unpack(words: torch.Tensor, layout: BitLayout) -> torch.Tensor:
+    """The inverse of `pack`: (batch, heads, padded rows, padded cols) bool."""
+    b, h = words.shape[:2]
+    blocks = layout.col_tile // BLOCK
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    w = w.reshape(b, h, layout.row_blocks, 8, 4, layout.col_tiles, layout.words_per_tile, 1)
+    byte = ((w >> (8 * torch.arange(BLOCKS_PER_WORD))) & 0xFF).reshape(
+        b, h, layout.row_blocks, 8, 4, layout.col_tiles, layout.words_per_tile * BLOCKS_PER_WORD)[..., :blocks]
+    bits = (byte.unsqueeze(-1) >> torch.arange(8)) & 1     # (..., tile, block, bit d)
+    bits = bits.reshape(b, h, layout.row_blocks, 8, 4, layout.col_tiles, blocks, 2, 2, 2)
+    # (b, h, row block, row % 8, col pair, tile, block, bit3 row, bit3 col, bit0 col) -> rows x cols
+    bits = bits.permute(0, 1, 2, 7, 3, 5, 6, 8, 4, 9)
+    return bits.reshape(b, h, layout.row_blocks * BLOCK, layout.col_tiles * layout.col_tile).bool()
+
+
+def draw(seed: int, dropout_p: float, batch: int, heads: int, layout: BitLayout, *, window_left: int = -1,
+         window_right: int = -1, device=None) -> torch.Tensor:
+    """The keep bits of kernels/philox.py's mask (seed, p) for (batch, heads) in `layout`,
+    drawn by a Triton kernel on `device`. Window in our terms (-1: unlimited side; causal is
+    window_right = 0), bottom-right aligned; tiles no visible score reaches are left undrawn."""
+    from . import dropout_bits_triton
+    words = torch.empty(layout.shape(batch, heads), dtype=torch.int32, device=device)
+    if words.numel():
+        dropout_bits_triton.launch(words, seed, dropout_threshold(dropout_p), heads, layout, window_left,
+                                   window_right)
+    return words

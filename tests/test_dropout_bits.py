@@ -1,0 +1,98 @@
+"""The dropout mask stored as keep bits for the Hopper kernels (kernels/dropout_bits.py).
+
+`pack` (plain PyTorch) against the mask of kernels/philox.py read back by `unpack`; the Triton
+kernel that draws the bits against `pack`, bit for bit (under TRITON_INTERPRET=1 on the CPU,
+compiled on a GPU machine); tiles it leaves undrawn hold no visible score.
+"""
+import pytest
+import torch
+
+from dash_plugin.kernels.dropout_bits import BitLayout, draw, pack, unpack
+from dash_plugin.kernels.philox import dropout_keep_mask
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _keep(seed, p, batch, heads, layout):
+    """kernels/philox.py's mask over the layout's padded tile, in the layout's orientation."""
+    rows = torch.arange(layout.row_blocks * 16)
+    cols = torch.arange(layout.col_tiles * layout.col_tile)
+    b = torch.arange(batch)[:, None, None, None]
+    h = torch.arange(heads)[None, :, None, None]
+    if layout.transposed:   # rows are keys, columns queries
+        return dropout_keep_mask(seed, p, b, h, cols[None, None, None, :], rows[None, None, :, None])
+    return dropout_keep_mask(seed, p, b, h, rows[None, None, :, None], cols[None, None, None, :])
+
+
+# (rows, cols, row tile, col tile): the Hopper forward's tiles (128 x 128, 192 x 128, 192 x 144)
+# and the backward's S^T tiles (128 keys x 64, 80 or 128 queries), with ragged edges.
+LAYOUTS = [(200, 300, 128, 128, False), (130, 100, 192, 128, False), (100, 150, 192, 144, False),
+           (300, 200, 128, 64, True), (256, 170, 128, 80, True), (129, 129, 128, 128, True)]
+
+
+@pytest.mark.parametrize("rows, cols, row_tile, col_tile, transposed", LAYOUTS)
+def test_unpack_of_pack_is_the_mask(rows, cols, row_tile, col_tile, transposed):
+    layout = BitLayout(rows, cols, row_tile, col_tile, transposed)
+    keep = _keep(7, 0.3, 2, 3, layout)
+    words = pack(keep, layout)
+    assert words.dtype == torch.int32 and words.shape == layout.shape(2, 3)
+    assert torch.equal(unpack(words, layout), keep)
+
+
+def test_a_thread_finds_its_eight_scores_in_one_byte():
+    """Lane 4 * (i % 8) + (j % 8) // 2 of block (0, 0) holds rows {i, i+8} x columns
+    {j, j+1, j+8, j+9}, bit 4*bit3(row) + 2*bit3(col) + bit0(col): checked on a one-hot mask."""
+    layout = BitLayout(16, 64, 16, 64, False)
+    for row, col in [(0, 0), (3, 5), (11, 9), (15, 14), (8, 1)]:
+        keep = torch.zeros(1, 1, 16, 64, dtype=torch.bool)
+        keep[0, 0, row, col] = True
+        words = pack(keep, layout)[0, 0]
+        lane = 4 * (row % 8) + (col % 8) // 2
+        bit = 4 * (row // 8 % 2) + 2 * (col // 8 % 2) + col % 2
+        expected = torch.zeros(32, 1, dtype=torch.int64)
+        expected[lane, 0] = 1 << bit
+        assert torch.equal(words.to(torch.int64), expected)
+
+
+def test_layout_sizes_and_bad_tiles():
+    layout = BitLayout(1000, 1000, 192, 144, False)
+    assert layout.row_blocks == 6 * 12 and layout.col_tiles == 7 and layout.words_per_tile == 3
+    assert layout.nbytes(2, 4) == 4 * 2 * 4 * 72 * 32 * 21
+    with pytest.raises(ValueError, match="col_tile=72"):
+        BitLayout(10, 10, 128, 72, False)
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (100, 20)], ids=["full", "causal", "window"])
+@pytest.mark.parametrize("rows, cols, row_tile, col_tile, transposed", LAYOUTS)
+def test_triton_kernel_draws_the_packed_mask(rows, cols, row_tile, col_tile, transposed, window):
+    layout = BitLayout(rows, cols, row_tile, col_tile, transposed)
+    seed, p, batch, heads = 2 ** 40 + 99, 0.2, 2, 2
+    got = draw(seed, p, batch, heads, layout, window_left=window[0], window_right=window[1], device=DEVICE).cpu()
+    expected = pack(_keep(seed, p, batch, heads, layout), layout)
+    # Compare tile by tile: a drawn tile matches; an undrawn one (whatever memory held) must be
+    # one that no query sees a key of.
+    seqlen_q, seqlen_k = (cols, rows) if transposed else (rows, cols)
+    q = torch.arange(layout.row_blocks * 16 if not transposed else layout.col_tiles * col_tile)
+    k = torch.arange(layout.col_tiles * col_tile if not transposed else layout.row_blocks * 16)
+    rel = k[None, :] - q[:, None] - (seqlen_k - seqlen_q)
+    visible = torch.ones_like(rel, dtype=torch.bool)
+    if window[1] >= 0:
+        visible &= rel <= window[1]
+    if window[0] >= 0:
+        visible &= rel >= -window[0]
+    if transposed:
+        visible = visible.T
+    per_tile = layout.words_per_tile
+    blocks = col_tile // 16
+    drawn = 0
+    for rb in range(layout.row_blocks):
+        for t in range(layout.col_tiles):
+            cells = (slice(None), slice(None), slice(rb * 32, rb * 32 + 32), slice(t * per_tile, (t + 1) * per_tile))
+            got_bytes = got[cells].contiguous().view(torch.uint8).reshape(batch, heads, 32, -1)[..., :blocks]
+            want_bytes = expected[cells].contiguous().view(torch.uint8).reshape(batch, heads, 32, -1)[..., :blocks]
+            if torch.equal(got_bytes, want_bytes):
+                drawn += 1
+                continue
+            tile_visible = visible[rb * 16:(rb + 1) * 16, t * col_tile:(t + 1) * col_tile]
+            assert not tile_visible.any(), f"block {rb}, tile {t}: drawn wrong and visible"
+    assert drawn > 0
