@@ -29,6 +29,7 @@ tile, are not drawn (the kernel never reads them).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -117,8 +118,30 @@ def unpack(words: torch.Tensor, layout: BitLayout) -> torch.Tensor:
     return bits.reshape(b, h, layout.row_blocks * BLOCK, layout.col_tiles * layout.col_tile).bool()
 
 
-def draw(seed: int, dropout_p: float, batch: int, heads: int, layout: BitLayout, *, window_left: int = -1,
-         window_right: int = -1, device=None) -> torch.Tensor:
+MODES = ("auto", "ahead", "inline")
+DEFAULT_MAX_MB = 1024
+
+
+def draw_ahead(nbytes: int) -> bool:
+    """Whether a Hopper kernel with dropout reads the mask drawn ahead (True) or draws it
+    itself. Both give the same bits. DASH_DROPOUT_MASK: `auto` (default) draws ahead when the
+    bits take at most DASH_DROPOUT_MASK_MAX_MB megabytes (default 1024), `ahead` always,
+    `inline` never."""
+    mode = os.environ.get("DASH_DROPOUT_MASK", "auto").strip().lower() or "auto"
+    if mode not in MODES:
+        raise ValueError(f"DASH_DROPOUT_MASK={mode!r}: expected one of {', '.join(MODES)}")
+    if mode != "auto":
+        return mode == "ahead"
+    limit = os.environ.get("DASH_DROPOUT_MASK_MAX_MB", str(DEFAULT_MAX_MB))
+    try:
+        limit_mb = float(limit)
+    except ValueError:
+        raise ValueError(f"DASH_DROPOUT_MASK_MAX_MB={limit!r}: expected a number of megabytes") from None
+    return nbytes <= limit_mb * 2 ** 20
+
+
+def draw(seed: int, dropout_p: float, batch: int, heads: int, layout: BitLayout, window_left: int = -1,
+         window_right: int = -1, *, device=None) -> torch.Tensor:
     """The keep bits of kernels/philox.py's mask (seed, p) for (batch, heads) in `layout`,
     drawn by a Triton kernel on `device`. Window in our terms (-1: unlimited side; causal is
     window_right = 0), bottom-right aligned; tiles no visible score reaches are left undrawn."""

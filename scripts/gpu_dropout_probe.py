@@ -1,6 +1,8 @@
 """Where the Hopper dropout's time goes (a diagnostic, not a benchmark of record): forward and
-backward timed apart, with and without dropout, for Philox with 10 rounds (the mask), 7 rounds,
-and a stand-in mixer of a few instructions (wrong mask, shows the cost that is not Philox).
+backward timed apart, with and without dropout, for the mask drawn ahead by
+kernels/dropout_bits.py (`ahead`, with the drawing kernels timed alone), and drawn in the kernels
+by Philox with 10 rounds (the mask), 7 rounds, and a stand-in mixer of a few instructions (wrong
+mask, shows the cost that is not Philox).
 
     python scripts/gpu_dropout_probe.py OUT_DIR [VARIANT,...]   (each variant in its own process;
                                                                 default: philox10,philox7,mixer)
@@ -17,6 +19,8 @@ def measure(variant):
     from dash_plugin import dispatch
     from dash_plugin.kernels import hopper
     from dash_plugin.kernels.hopper import dropout_sm90 as d
+    from dash_plugin.kernels.dropout_bits import BitLayout, draw
+    os.environ["DASH_DROPOUT_MASK"] = "ahead" if variant == "ahead" else "inline"
     if variant == "philox7":
         d.PHILOX_ROUNDS = 7
     elif variant == "mixer":
@@ -37,9 +41,17 @@ def measure(variant):
             bwd = lambda: dispatch.attention_backward(do, q, k, v, out, lse, softmax_scale=hd ** -0.5, causal=causal,
                                                       schedule="descending", backend="hopper", dropout_p=p, seed=3)
             res[p] = (timed(fwd), timed(bwd))
+        ms = dict(fwd=res[0.0][0], fwd_drop=res[0.1][0], bwd=res[0.0][1], bwd_drop=res[0.1][1])
+        if variant == "ahead":   # the drawing kernels alone, with the tiles the two kernels read
+            from flash_attn.cute import interface as fa4
+            fwd_tiles = fa4._tile_size_fwd_sm90(hd, hd, causal, False)
+            bwd_tiles = hopper.bwd_tiles(hd, causal)
+            window = (-1, 0) if causal else (-1, -1)
+            for name, layout in (("draw_fwd", BitLayout(s, s, fwd_tiles.m_block_size, fwd_tiles.n_block_size, False)),
+                                 ("draw_bwd", BitLayout(s, s, bwd_tiles[1], bwd_tiles[0], True))):
+                ms[name] = timed(lambda: draw(3, 0.1, b, h, layout, *window, device="cuda"))
         rows[f"hd{hd} {'causal' if causal else 'full'} 4k"] = dict(
-            fwd_cost=res[0.1][0] / res[0.0][0], bwd_cost=res[0.1][1] / res[0.0][1],
-            ms=dict(fwd=res[0.0][0], fwd_drop=res[0.1][0], bwd=res[0.0][1], bwd_drop=res[0.1][1]))
+            fwd_cost=res[0.1][0] / res[0.0][0], bwd_cost=res[0.1][1] / res[0.0][1], ms=ms)
     return rows
 
 

@@ -41,6 +41,12 @@ def _without_launch(compile_fn):
     return lambda *a, **kw: (compile_fn(*a, **kw), lambda *args: None)[1]
 
 
+def _fake_draw(seed, dropout_p, batch, heads, layout, *_window, device=None):
+    """kernels/dropout_bits.draw without its Triton launch: an (uninitialised) tensor of the words."""
+    import torch
+    return torch.empty(layout.shape(batch, heads), dtype=torch.int32, device=device)
+
+
 def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -52,6 +58,7 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
     if kernel == "fwd":
         from dash_plugin.kernels.hopper import fwd_sm90
         fwd_sm90._compile = _without_launch(fwd_sm90._compile)
+        fwd_sm90.draw = _fake_draw
         with FakeTensorMode():
             q, k = inputs()
             fwd_sm90.attention_forward(q, k, k, softmax_scale=head_dim ** -0.5, causal=causal,
@@ -69,6 +76,7 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
         lambda t, leading_dim, alignment, stride_order: bwd_sm90.to_cute_tensor(
             t, assumed_align=alignment, leading_dim=leading_dim))
     bwd_sm90.cute.compile = _without_launch(bwd_sm90.cute.compile)
+    bwd_sm90.draw = _fake_draw
     schedule = "descending"
     fake = FakeTensorMode()
     with fake:
@@ -92,7 +100,10 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true", help="full mask (default: causal)")
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--heads-kv", type=int, default=4, help="K/V heads for 4 query heads (default 4: MHA)")
+    ap.add_argument("--mask", choices=("ahead", "inline"), default="ahead",
+                    help="dropout: read the mask drawn ahead (kernels/dropout_bits.py) or draw it in the kernel")
     args = ap.parse_args(argv)
+    os.environ["DASH_DROPOUT_MASK"] = args.mask
     if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
         print("set CUTE_DSL_ARCH=sm_90a (no GPU here to ask)", file=sys.stderr)
         return 2
@@ -105,7 +116,8 @@ def main(argv=None) -> int:
             return 1
         with open(files[0]) as f:
             counts = count(f.read())
-    print(f"{args.kernel} hdim{args.head_dim} {'full' if args.full else 'causal'} dropout={args.dropout}: "
+    print(f"{args.kernel} hdim{args.head_dim} {'full' if args.full else 'causal'} dropout={args.dropout}"
+          + (f" mask={args.mask}" if args.dropout else "") + ": "
           + " ".join(f"{k}={v}" for k, v in counts.items()))
     return 0
 

@@ -254,3 +254,32 @@ def test_different_seeds_give_different_masks(backend):
     a, b = (step(q, k, v, do, backend=backend, schedule="ascending", causal=True, dropout_p=p, seed=s)
             for s in seeds[:2])
     assert not any(torch.equal(x, y) for x, y in zip(a, b))
+
+
+# ---------------------------------------------------------------- f. the mask drawn ahead (Hopper)
+# Every tile shape of the two kernels (hdim 96 full: 144-key forward tiles; hdim 128 full: 80-query
+# backward tiles), each mask kind, MHA and GQA, a sequence end inside a tile.
+AHEAD_CASES = [pytest.param(*case, marks=HOPPER_SKIP) for case in (
+    (128, "mha", "causal", 1000), (128, "gqa4", "full", 200), (128, "mha", "window", 1000),
+    (64, "mha", "full", 1000), (64, "gqa4", "causal", 200), (96, "mha", "full", 200), (96, "gqa4", "causal", 1000))]
+
+
+@pytest.mark.parametrize("d, heads, mask, seqlen", AHEAD_CASES)
+def test_hopper_mask_drawn_ahead_gives_the_bits_of_the_mask_drawn_inline(monkeypatch, d, heads, mask, seqlen):
+    """kernels/dropout_bits.py draws the mask into memory before each Hopper kernel; the kernels
+    then read bits instead of running Philox. Same mask, same arithmetic after it: out, dq, dk
+    and dv must equal, bit for bit, those of the kernels that draw the mask themselves. Ragged
+    lengths (200, 1000) cover tiles cut by the sequence end."""
+    hq, hkv = HEADS[heads]
+    q, k, v, do = dense_inputs((2, seqlen, seqlen, hq, hkv, d), torch.bfloat16, DEVICE, seed=5)
+    window = {"causal": (-1, 0), "full": (-1, -1), "window": (150, 30)}[mask]
+    results = {}
+    for mode in ("inline", "ahead"):
+        monkeypatch.setenv("DASH_DROPOUT_MASK", mode)
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = dash_plugin.flash_attention(*leaves, window=window, dropout_p=0.2, dropout_seed=SEED + d,
+                                          schedule="descending", deterministic=True, backend="hopper")
+        assert dash_plugin.last_resolved().concrete_backend == "hopper"
+        results[mode] = (out.detach(), *torch.autograd.grad(out, leaves, do))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), results["inline"], results["ahead"]):
+        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} of {a.numel()} elements differ"

@@ -44,9 +44,10 @@ from flash_attn.cute.tile_scheduler import SingleTileLPTBwdScheduler
 from flash_attn.cute.named_barrier import NamedBarrierBwd
 from quack import copy_utils, layout_utils
 
+from ..dropout_bits import BitLayout, draw, draw_ahead
 from ..philox import keep_scale
 from . import dropout_sm90
-from .masks import fa4_mask
+from .masks import fa4_mask, our_window
 from .tile_table import bwd_tiles
 from .visit_tables import VisitTables
 
@@ -63,11 +64,12 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     """
 
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
-                 dropout: bool = False, **kwargs):
+                 dropout: bool = False, keep_bits: bool = False, **kwargs):
         self.kv_descending = kv_descending
         self.visit = visit
         self.group_size = group_size
         self.dropout = dropout
+        self.keep_bits = keep_bits   # the mask comes drawn ahead (kernels/dropout_bits.py)
         self._index_lists = False
         super().__init__(*args, has_aux_tensors=dropout, **kwargs)
 
@@ -98,8 +100,13 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         if self.dropout:
             # Trace-time state: the run-time dropout constants, loaded where the consumers start,
             # for every per-Q-tile step and the dK/dV epilogue traced inside.
-            self._drop, _ = dropout_sm90.drop_params_of_mma(FlashAttentionBackwardSm90.mma, self, args, kwargs)
+            self._drop, self._bits, _ = dropout_sm90.drop_params_of_mma(
+                FlashAttentionBackwardSm90.mma, self, args, kwargs)
         return super().mma(*_with_computed_visits(self, args, _MMA_ARGS), **kwargs)
+
+    @property
+    def bits_col_tile(self):
+        return self.tile_m   # S^T: rows are keys, columns queries
 
     def epilogue_dKV(self, acc_dV, mdV, sV, acc_dK, *args, **kwargs):
         """FA4's epilogue; with dropout, dV and dK first take the keep scale that the per-score
@@ -210,6 +217,13 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         tile = score_mod_fn.keywords
         drop = self._drop
         state_dO = consumer_state_Q if const_expr(self.Q_stage == self.dO_stage) else consumer_state_dO
+        # The accumulator's coordinates (rows = keys under SdP_swapAB); a mask drawn ahead is
+        # loaded now, so the loads are in flight while the products run.
+        coords = cute.make_identity_tensor((self.tile_n, self.tile_m))
+        coords = cute.domain_offset((tile["n_block"] * self.tile_n, m_block * self.tile_m), coords)
+        coords_mn = layout_utils.reshape_acc_to_mn(tile["thr_mma_SdP"].partition_C(coords))
+        if const_expr(self.keep_bits):
+            words = self._bits.load(coords_mn, tile["batch_idx"], tile["head_idx"], m_block)
         idx_Q = consumer_state_Q.index
         idx_dO = state_dO.index if const_expr(self.dO_stage > 1) else 0
         idx_PdS = idx_Q if const_expr(self.PdS_stage > 1) else 0
@@ -228,12 +242,12 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             lse_r = self._get_stat(lse, r, lane, shuffle=self.shuffle_LSE)
             for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
                 acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * softmax_scale_log2 - lse_r, fastmath=True)
-        # Dropout, in the accumulator's own orientation (rows = keys under SdP_swapAB).
-        coords = cute.make_identity_tensor((self.tile_n, self.tile_m))
-        coords = cute.domain_offset((tile["n_block"] * self.tile_n, m_block * self.tile_m), coords)
-        dropout_sm90.mark_dropped(layout_utils.reshape_acc_to_mn(acc_S),
-                                  layout_utils.reshape_acc_to_mn(tile["thr_mma_SdP"].partition_C(coords)),
-                                  tile["head_idx"], tile["batch_idx"], drop)
+        # Dropout, in the accumulator's own orientation.
+        if const_expr(self.keep_bits):
+            dropout_sm90.apply_keep_bits(layout_utils.reshape_acc_to_mn(acc_S), words, True)
+        else:
+            dropout_sm90.mark_dropped(layout_utils.reshape_acc_to_mn(acc_S), coords_mn,
+                                      tile["head_idx"], tile["batch_idx"], drop)
         dpsum = copy_utils.load_s2r(tLSEsdPsum[None, idx_dO])
         # P * keep for dV: the marked (negative) entries become 0
         kept = cute.make_fragment_like(acc_S)
@@ -469,11 +483,18 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     ones = tuple(n == 1 for n in (batch, heads, heads_kv, sq_r // tm, sk_r // tn,
                                   tables.q_tile.shape[-1]))
     dropout = dropout_p > 0
-    params = dropout_sm90.params_tensor(seed, dropout_p, dev) if dropout else None
+    aux = [dropout_sm90.params_tensor(seed, dropout_p, dev)] if dropout else None
+    keep_bits = False
+    if dropout:   # S^T tiles: rows are keys, columns queries
+        layout = BitLayout(seqlen_k, seqlen_q, tn, tm, transposed=True)
+        keep_bits = draw_ahead(layout.nbytes(batch, heads))
+        if keep_bits:
+            aux.append(draw(seed, dropout_p, batch, heads, layout,
+                            *our_window(causal, window_size_left, window_size_right), device=dev))
     head_by_head = tables.group_size > 1   # cyclic groups must be co-resident
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
-           float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout)
+           float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout, keep_bits)
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
@@ -485,7 +506,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             AtomLayoutNdKV=cfg.AtomLayoutNdKV, AtomLayoutMdQ=cfg.AtomLayoutMdQ,
             num_threads=(cfg.num_wg + 1) * 128, V_in_regs=False, q_subtile_factor=1,
             dQ_single_wg=cfg.dQ_single_wg, kv_descending=tables.kv_descending, visit=tables.visit,
-            group_size=tables.group_size, dropout=dropout)
+            group_size=tables.group_size, dropout=dropout, keep_bits=keep_bits)
         sems = [None if t is None else fa4_utils.convert_from_dlpack_leading_static(
                     t, leading_dim=3, alignment=4, stride_order=t.dim_order())
                 for t in (sem_dq, sem_dk, sem_dv)]
@@ -496,12 +517,12 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             _compiled[key] = cute.compile(
                 kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
                 softmax_scale, None, None, None, None, window_size_left, window_size_right, *sems,
-                fa4_utils.AuxData([to_cute_aux_tensor(params)] if dropout else None, None), sparse, None,
+                fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if dropout else None, None), sparse, None,
                 cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
                 options="--enable-tvm-ffi")
     _compiled[key](q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out, softmax_scale,
                    None, None, None, None, window_size_left, window_size_right, sem_dq, sem_dk, sem_dv,
-                   fa4_utils.AuxData([params] if dropout else None, None),
+                   fa4_utils.AuxData(aux, None),
                    (count, q_tile, None, None, None, None, rank, None) if index_lists else None, None)
 
     threads_dq = 128 if cfg.dQ_single_wg else cfg.num_wg * 128

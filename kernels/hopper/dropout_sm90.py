@@ -28,7 +28,7 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Uint32
+from cutlass import Float32, Int32, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
@@ -185,11 +185,51 @@ class _DroppingSoftmax:
 
 
 def drop_params_of_mma(method, kernel, args, kwargs):
-    """(DropoutParams, the call's arguments by name) of a call of FA4's `mma` (`method`: the
-    forward's or the backward's), from its `aux_data`; both kernels' dropout steps and epilogues
-    are traced inside that call, so values loaded here serve all of them."""
+    """(DropoutParams, KeepBits or None, the call's arguments by name) of a call of FA4's `mma`
+    (`method`: the forward's or the backward's), from its `aux_data` (params, then the keep bits
+    when the mask was drawn ahead); both kernels' dropout steps and epilogues are traced inside
+    that call, so values loaded here serve all of them."""
     arguments = _signature(method).bind(kernel, *args, **kwargs).arguments
-    return DropoutParams(arguments["aux_data"].tensors[0]), arguments
+    tensors = arguments["aux_data"].tensors
+    bits = KeepBits(tensors[1], kernel.bits_col_tile) if len(tensors) > 1 else None
+    return DropoutParams(tensors[0]), bits, arguments
+
+
+class KeepBits:
+    """The mask drawn ahead by kernels/dropout_bits.py: int32 words (batch, head, 16-row block *
+    32 + lane, word), one byte per thread and 16 x 16 block, bit 4*dr + q for accumulator entry
+    (r + dr, c + q) of the row pair r and column quad c that hold the block (the order of
+    `drop_probabilities` and `mark_dropped`)."""
+
+    def __init__(self, words: cute.Tensor, col_tile: int):
+        self.words = words
+        self.words_per_tile = -(-(col_tile // 16) // 4)
+
+    def load(self, coords_mn: cute.Tensor, batch, head, col_tile_index):
+        """The words of this thread's bytes in one tile: a list per row pair of the accumulator.
+        Called before the tile's products are waited for, so the loads are in flight meanwhile."""
+        words = []
+        for r in range(0, cute.size(coords_mn, mode=[0]), 2):   # unrolled at trace time
+            row, col = Int32(coords_mn[r, 0][0]), Int32(coords_mn[r, 0][1])
+            line = (row >> 4) * 32 + (row & 7) * 4 + ((col & 7) >> 1)
+            first = col_tile_index * self.words_per_tile
+            words.append([Uint32(self.words[batch, head, line, first + w]) for w in range(self.words_per_tile)])
+        return words
+
+
+@cute.jit
+def apply_keep_bits(acc_mn: cute.Tensor, words, negate: cutlass.Constexpr[bool]):
+    """Forward (negate False): dropped P -> 0. Backward (negate True): dropped P -> -P. The
+    masks of drop_probabilities and mark_dropped, read from `KeepBits.load`'s words."""
+    for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
+        for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 4):
+            block = c // 4
+            word = words[r // 2][block // 4]
+            for d in cutlass.range_constexpr(8):
+                bit = Uint32(1 << (8 * (block % 4) + d))
+                x = acc_mn[r + d // 4, c + d % 4]
+                dropped = -x if const_expr(negate) else Float32(0.0)
+                acc_mn[r + d // 4, c + d % 4] = x if (word & bit) != Uint32(0) else dropped
 
 
 @functools.lru_cache(maxsize=None)
@@ -202,13 +242,23 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
     them the softmax object; these overrides hand them one that also drops (_DroppingSoftmax).
     The kept P enter P.V unscaled and the output takes the keep scale in the epilogue: one
     multiply per output element instead of one per score.
+    `keep_bits`: the mask comes drawn ahead (kernels/dropout_bits.py, the second aux tensor) and
+    each step loads its tile's words before its products; otherwise Philox runs in the step.
     The tile's (batch, head, query tile) come from the first step of each tile, whose mask
     function FA4 builds with them (later steps may get none); pack_gqa must be off so that
     accumulator rows are query positions."""
 
+    def __init__(self, *args, keep_bits: bool = False, **kwargs):
+        self.keep_bits = keep_bits
+        super().__init__(*args, **kwargs)
+
+    @property
+    def bits_col_tile(self):
+        return self.tile_n
+
     def mma(self, *args, **kwargs):
         # Trace-time state: values traced here dominate every per-tile step traced inside.
-        self._drop, arguments = drop_params_of_mma(FlashAttentionForwardSm90.mma, self, args, kwargs)
+        self._drop, self._bits, arguments = drop_params_of_mma(FlashAttentionForwardSm90.mma, self, args, kwargs)
         self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(arguments["tidx"])
         return super().mma(*args, **kwargs)
 
@@ -220,12 +270,17 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
             kw = mask_fn.keywords
             self._tile = (kw["batch_idx"], kw["head_idx"], kw["m_block"])
         batch, head, m_block = self._tile
+        coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        coords = cute.domain_offset((m_block * self.tile_m, n_block * self.tile_n), coords)
+        coords_mn = layout_utils.reshape_acc_to_mn(self._thr_mma_qk.partition_C(coords))
+        if self.keep_bits:
+            words = self._bits.load(coords_mn, batch, head, n_block)
 
-        def apply(acc_S):
-            coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
-            coords = cute.domain_offset((m_block * self.tile_m, n_block * self.tile_n), coords)
-            coords_mn = layout_utils.reshape_acc_to_mn(self._thr_mma_qk.partition_C(coords))
-            drop_probabilities(layout_utils.reshape_acc_to_mn(acc_S), coords_mn, head, batch, self._drop)
+            def apply(acc_S):
+                apply_keep_bits(layout_utils.reshape_acc_to_mn(acc_S), words, False)
+        else:
+            def apply(acc_S):
+                drop_probabilities(layout_utils.reshape_acc_to_mn(acc_S), coords_mn, head, batch, self._drop)
 
         return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], apply))
 

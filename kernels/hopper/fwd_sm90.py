@@ -25,16 +25,18 @@ from flash_attn.cute import utils as fa4_utils
 from flash_attn.cute.cute_dsl_utils import maybe_contiguous, to_cute_aux_tensor, to_cute_tensor, torch2cute_dtype_map
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
+from ..dropout_bits import BitLayout, draw, draw_ahead
 from . import dropout_sm90
 from .fwd_key import forward_key
-from .masks import fa4_mask
+from .masks import fa4_mask, our_window
 
 _compiled: dict = {}
 
 
 def _compile(key, q, k, v, out, lse, softmax_scale, window_size_left, window_size_right, aux):
-    dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, _broadcast = key
+    dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, keep_bits, _broadcast = key
     cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
+    extra = dict(keep_bits=keep_bits) if dropout else {}
     kernel_cls = dropout_sm90.DropoutForwardSm90 if dropout else FlashAttentionForwardSm90
     kernel = kernel_cls(
         torch2cute_dtype_map[dtype], head_dim, head_dim, group, is_causal=causal, is_local=local,
@@ -42,7 +44,7 @@ def _compile(key, q, k, v, out, lse, softmax_scale, window_size_left, window_siz
         num_stages=2, num_threads=384, Q_in_regs=False, intra_wg_overlap=cfg.intra_wg_overlap,
         mma_pv_is_rs=cfg.mma_pv_is_rs, mask_mod=None,
         score_mod=fa4_utils.create_softcap_scoremod(softcap) if softcap else None,
-        has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False)
+        has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False, **extra)
     return cute.compile(
         kernel, *(to_cute_tensor(t) for t in (q, k, v, out)), to_cute_tensor(lse, assumed_align=4),
         softmax_scale, None, None, None, None, None, window_size_left, window_size_right, None, None,
@@ -65,8 +67,16 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     if seqlen_q == 0 or k.shape[1] == 0:   # nothing to launch; no key is visible: softmax of nothing
         return out.zero_(), lse.fill_(float("-inf"))
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
+    keep_bits = False
+    if dropout:
+        cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
+        layout = BitLayout(seqlen_q, k.shape[1], cfg.m_block_size, cfg.n_block_size, transposed=False)
+        keep_bits = draw_ahead(layout.nbytes(batch, heads))
+        if keep_bits:
+            aux.append(draw(seed, dropout_p, batch, heads, layout, *our_window(causal, window_size_left,
+                                                                               window_size_right), device=q.device))
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
-                      window_size_right=window_size_right, softcap=softcap, dropout=dropout)
+                      window_size_right=window_size_right, softcap=softcap, dropout=dropout, keep_bits=keep_bits)
     kernel = _compiled.get(key)
     if kernel is None:
         kernel = _compiled[key] = _compile(key, q, k, v, out, lse, softmax_scale, window_size_left,
