@@ -15,10 +15,11 @@ Layout (`BitLayout`): the kernel's score tile is seen in its own orientation, ro
 gives each thread, per 16 x 16 block, the rows {i, i+8} and the columns {j, j+1, j+8, j+9} with
 i = lane // 4 and j = 2 * (lane % 4) inside the block: eight scores, one byte. Bit
 4 * bit3(row) + 2 * bit3(col) + bit0(col) of the byte is the score's keep bit (in the forward's
-orientation that is the Philox draw index of kernels/philox.py). Bytes are stored per (batch,
-head, 16-row block, lane) along the columns: the column tiles of the consumer kernel (width
-`col_tile`) each take `words_per_tile` int32 words, byte k of a tile being its k-th 16-column
-block, so a thread loads its tile's bits with one or two word loads.
+orientation that is the Philox draw index of kernels/philox.py). A (16-row block, column tile)
+of the kernel's tile grid (tile width `col_tile`) is one contiguous record: per lane,
+`words_per_tile` int32 words whose byte k is the lane's byte of the tile's k-th 16-column block.
+So a warp's loads for one tile read one contiguous stretch, and the drawing kernel writes whole
+records.
 
 The rows are padded to the kernel's row tile and the columns to its column tile, and the
 padding is drawn too (Philox of positions past the end is well defined), so the kernel reads
@@ -69,17 +70,13 @@ class BitLayout:
     def words_per_tile(self) -> int:
         return -(-(self.col_tile // BLOCK) // BLOCKS_PER_WORD)
 
-    @property
-    def words_per_row(self) -> int:
-        return self.col_tiles * self.words_per_tile
-
-    def shape(self, batch: int, heads: int) -> tuple[int, int, int, int]:
-        """int32 (batch, heads, 16-row block * 32 + lane, word)."""
-        return batch, heads, self.row_blocks * LANES, self.words_per_row
+    def shape(self, batch: int, heads: int) -> tuple[int, int, int, int, int]:
+        """int32 (batch, heads, 16-row block, column tile * 32 + lane, word)."""
+        return batch, heads, self.row_blocks, self.col_tiles * LANES, self.words_per_tile
 
     def nbytes(self, batch: int, heads: int) -> int:
-        b, h, r, w = self.shape(batch, heads)
-        return 4 * b * h * r * w
+        b, h, r, c, w = self.shape(batch, heads)
+        return 4 * b * h * r * c * w
 
 
 def pack(keep: torch.Tensor, layout: BitLayout) -> torch.Tensor:
@@ -94,10 +91,11 @@ def pack(keep: torch.Tensor, layout: BitLayout) -> torch.Tensor:
     # rows = (16-row block, bit3, row % 8); cols = (tile, block, bit3, (col % 8) // 2, bit0)
     k = keep.to(torch.int64).reshape(b, h, layout.row_blocks, 2, 8, layout.col_tiles, blocks, 2, 4, 2)
     # -> (b, h, row block, row % 8, col pair, tile, block | bit3 row, bit3 col, bit0 col)
-    k = k.permute(0, 1, 2, 4, 8, 5, 6, 3, 7, 9).reshape(b, h, layout.row_blocks, 8, 4, layout.col_tiles, blocks, 8)
+    # -> (b, h, row block, tile, row % 8, col pair, block | bit3 row, bit3 col, bit0 col)
+    k = k.permute(0, 1, 2, 5, 4, 8, 6, 3, 7, 9).reshape(b, h, layout.row_blocks, layout.col_tiles, 8, 4, blocks, 8)
     byte = (k << torch.arange(8)).sum(-1)
     byte = torch.nn.functional.pad(byte, (0, layout.words_per_tile * BLOCKS_PER_WORD - blocks))
-    byte = byte.reshape(b, h, layout.row_blocks, 8, 4, layout.col_tiles, layout.words_per_tile, BLOCKS_PER_WORD)
+    byte = byte.reshape(b, h, layout.row_blocks, layout.col_tiles, 8, 4, layout.words_per_tile, BLOCKS_PER_WORD)
     word = (byte << (8 * torch.arange(BLOCKS_PER_WORD))).sum(-1)
     word = torch.where(word >= 1 << 31, word - (1 << 32), word)   # as int32
     return word.reshape(layout.shape(b, h)).to(torch.int32)
@@ -108,13 +106,13 @@ def unpack(words: torch.Tensor, layout: BitLayout) -> torch.Tensor:
     b, h = words.shape[:2]
     blocks = layout.col_tile // BLOCK
     w = words.to(torch.int64) & 0xFFFFFFFF
-    w = w.reshape(b, h, layout.row_blocks, 8, 4, layout.col_tiles, layout.words_per_tile, 1)
+    w = w.reshape(b, h, layout.row_blocks, layout.col_tiles, 8, 4, layout.words_per_tile, 1)
     byte = ((w >> (8 * torch.arange(BLOCKS_PER_WORD))) & 0xFF).reshape(
-        b, h, layout.row_blocks, 8, 4, layout.col_tiles, layout.words_per_tile * BLOCKS_PER_WORD)[..., :blocks]
-    bits = (byte.unsqueeze(-1) >> torch.arange(8)) & 1     # (..., tile, block, bit d)
-    bits = bits.reshape(b, h, layout.row_blocks, 8, 4, layout.col_tiles, blocks, 2, 2, 2)
-    # (b, h, row block, row % 8, col pair, tile, block, bit3 row, bit3 col, bit0 col) -> rows x cols
-    bits = bits.permute(0, 1, 2, 7, 3, 5, 6, 8, 4, 9)
+        b, h, layout.row_blocks, layout.col_tiles, 8, 4, layout.words_per_tile * BLOCKS_PER_WORD)[..., :blocks]
+    bits = (byte.unsqueeze(-1) >> torch.arange(8)) & 1     # (..., block, bit d)
+    bits = bits.reshape(b, h, layout.row_blocks, layout.col_tiles, 8, 4, blocks, 2, 2, 2)
+    # (b, h, row block, tile, row % 8, col pair, block, bit3 row, bit3 col, bit0 col) -> rows x cols
+    bits = bits.permute(0, 1, 2, 7, 4, 3, 6, 8, 5, 9)
     return bits.reshape(b, h, layout.row_blocks * BLOCK, layout.col_tiles * layout.col_tile).bool()
 
 

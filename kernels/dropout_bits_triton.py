@@ -1,14 +1,16 @@
 """The Triton kernel of kernels/dropout_bits.py: kernels/philox.py's dropout mask drawn for a
 whole (batch, head, rows, cols) problem and stored as keep bits in a Hopper kernel's thread
 order (the layout is described there). One Philox call per eight scores, as in the kernels that
-draw it inline; a program covers a few 16-row blocks of one column tile."""
-import torch
+draw it inline; a program covers a few 16-row blocks of one column tile and writes their records
+whole (contiguous int32 words, so the stores coalesce)."""
 import triton
 import triton.language as tl
 
-from .dropout_bits import BLOCK, BitLayout
+from .dropout_bits import BitLayout
 
-ROW_BLOCKS_PER_PROGRAM = 4
+# 16-row blocks per program: 128 elements, one per thread of 4 warps (a transposed element
+# makes two lanes' records)
+ROW_BLOCKS_PER_PROGRAM = {False: 4, True: 8}
 
 
 @triton.jit
@@ -20,16 +22,45 @@ def _keep_pair(w, threshold, low_bit: tl.constexpr, high_bit: tl.constexpr):
 
 
 @triton.jit
-def _keep_half(w, threshold, high):
-    """Keep bit (0/1) of the low (high = 0) or high (high = 1) 16-bit draw of words `w`."""
-    return (((w >> (16 * high)) & 0xFFFF).to(tl.int32) >= threshold).to(tl.int32)
+def _keep_half(w, threshold, bit: tl.constexpr, HIGH: tl.constexpr):
+    """Keep bit of the low or high (HIGH) 16-bit draw of words `w`, at position `bit`."""
+    draw = (w >> 16) if HIGH else (w & 0xFFFF)
+    return (draw.to(tl.int32) >= threshold).to(tl.int32) << bit
 
 
 @triton.jit
-def _draw_bits(words, seed, threshold, heads, row_blocks, words_per_row, shift, left, right,
+def _row_byte(seed, threshold, query, key, head, batch):
+    """Forward orientation: the byte of the Philox group anchored at (query, key), draw d at bit d."""
+    w0, w1, w2, w3 = tl.philox(seed, key, query, head, batch)
+    return (_keep_pair(w0, threshold, 0, 1) | _keep_pair(w1, threshold, 2, 3)
+            | _keep_pair(w2, threshold, 4, 5) | _keep_pair(w3, threshold, 6, 7))
+
+
+@triton.jit
+def _column_bytes(seed, threshold, key, query, head, batch):
+    """Transposed orientation (rows are keys): the bytes of key rows {key, key+8} (parity 0) and
+    {key+1, key+9} (parity 1) x query columns {query, query+1, query+8, query+9}. Queries query
+    and query+1 are two Philox groups; a draw's index in its call is 4*bit3(query) +
+    2*bit3(key) + parity, its bit in the byte 4*bit3(key) + 2*bit3(query) + bit0(query)."""
+    even = tl.zeros_like(key)
+    odd = tl.zeros_like(key)
+    for b0 in tl.static_range(2):
+        w0, w1, w2, w3 = tl.philox(seed, key, query + b0, head, batch)
+        even |= (_keep_half(w0, threshold, b0, False) | _keep_half(w1, threshold, 4 + b0, False)
+                 | _keep_half(w2, threshold, 2 + b0, False) | _keep_half(w3, threshold, 6 + b0, False))
+        odd |= (_keep_half(w0, threshold, b0, True) | _keep_half(w1, threshold, 4 + b0, True)
+                | _keep_half(w2, threshold, 2 + b0, True) | _keep_half(w3, threshold, 6 + b0, True))
+    return even, odd
+
+
+@triton.jit
+def _draw_bits(words, seed, threshold, heads, row_blocks, col_tiles, shift, left, right,
                ROW_TILE: tl.constexpr, COL_TILE: tl.constexpr, WORDS_PER_TILE: tl.constexpr,
-               BLOCKS: tl.constexpr, ROW_BLOCKS: tl.constexpr, TRANSPOSED: tl.constexpr,
-               HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+               ROW_BLOCKS: tl.constexpr, TRANSPOSED: tl.constexpr, HAS_LEFT: tl.constexpr,
+               HAS_RIGHT: tl.constexpr):
+    """One program: ROW_BLOCKS 16-row blocks x one column tile of one (batch, head). An element
+    is one lane's record (forward) or the records of two lanes that share their Philox calls
+    (transposed); it draws the record's bytes and stores whole int32 words."""
     pid_r = tl.program_id(0)
     tile = tl.program_id(1)
     bh = tl.program_id(2)
@@ -52,50 +83,41 @@ def _draw_bits(words, seed, threshold, heads, row_blocks, words_per_row, shift, 
     if HAS_LEFT:
         skip = skip | (k_hi < q_lo + shift - left)
     if not skip:
-        blk = tl.arange(0, BLOCKS)
-        col0 = tile * COL_TILE + blk * 16                      # first column of each 16-column block
-        byte_offset = tile * WORDS_PER_TILE * 4 + blk          # byte k of a tile: its k-th block
-        blk_ok = blk < COL_TILE // 16
+        col0 = tile * COL_TILE
         if TRANSPOSED:
-            # Rows are keys, columns queries. A byte holds key rows {j, j+8} of one parity and query
-            # columns {i, i+1, i+8, i+9}: two Philox groups (queries i and i+1), four draws of
-            # each. The two parities' bytes share the two calls, so one element makes both.
             e = tl.arange(0, ROW_BLOCKS * 16)
             rb = pid_r * ROW_BLOCKS + e // 16
-            pair = (e % 16) // 4                                 # key rows 2*pair, 2*pair + 1 of the block
-            cpair = e % 4                                        # query columns 2*cpair (+1, +8, +9)
-            zero = rb[:, None] * 0 + blk[None, :] * 0
-            key = zero + (rb * 16 + 2 * pair)[:, None]            # Philox column counter (bits 0, 3 clear)
-            query = zero + col0[None, :] + (2 * cpair)[:, None]  # bit 0 clear; + b0 below
-            ok = (rb < row_blocks)[:, None] & blk_ok[None, :]
-            for parity in tl.static_range(2):
-                lane = 4 * (2 * pair + parity) + cpair
-                byte = zero
-                for b0 in tl.static_range(2):
-                    w0, w1, w2, w3 = tl.philox(seed, key, query + b0, zero + head, zero + batch)
-                    # draw index in the call: 4*bit3(query) + 2*bit3(key) + parity; bit in the
-                    # byte: 4*bit3(key) + 2*bit3(query) + b0
-                    byte |= _keep_half(w0, threshold, parity) << b0
-                    byte |= _keep_half(w1, threshold, parity) << (4 + b0)
-                    byte |= _keep_half(w2, threshold, parity) << (2 + b0)
-                    byte |= _keep_half(w3, threshold, parity) << (6 + b0)
-                row = (bh.to(tl.int64) * row_blocks + rb) * 32 + lane
-                ptrs = words + (row * words_per_row * 4)[:, None] + byte_offset[None, :]
-                tl.store(ptrs, byte.to(tl.int8), mask=ok)
+            pair = (e % 16) // 4                      # key rows 2*pair, 2*pair + 1 of the block
+            cpair = e % 4                             # query columns 2*cpair (+1, +8, +9)
+            key = rb * 16 + 2 * pair                  # Philox column counter (bits 0 and 3 clear)
+            lane = 8 * pair + cpair                   # parity 0; parity 1 is lane + 4
+            base = (((bh.to(tl.int64) * row_blocks + rb) * col_tiles + tile) * 32 + lane) * WORDS_PER_TILE
+            ok = rb < row_blocks
+            for w in tl.static_range(WORDS_PER_TILE):
+                even = tl.zeros_like(key)
+                odd = tl.zeros_like(key)
+                for q in tl.static_range(4):
+                    if 4 * w + q < COL_TILE // 16:
+                        query = col0 + (4 * w + q) * 16 + 2 * cpair
+                        e_byte, o_byte = _column_bytes(seed, threshold, key, query, head + key * 0, batch + key * 0)
+                        even |= e_byte << (8 * q)
+                        odd |= o_byte << (8 * q)
+                tl.store(words + base + w, even, mask=ok)
+                tl.store(words + base + 4 * WORDS_PER_TILE + w, odd, mask=ok)
         else:
-            # Rows are queries, columns keys: a byte is one Philox group, draw d at bit d.
             e = tl.arange(0, ROW_BLOCKS * 32)
             rb = pid_r * ROW_BLOCKS + e // 32
             lane = e % 32
-            zero = rb[:, None] * 0 + blk[None, :] * 0
-            query = zero + (rb * 16 + lane // 4)[:, None]         # Philox row counter (bit 3 clear)
-            key = zero + col0[None, :] + (2 * (lane % 4))[:, None]
-            w0, w1, w2, w3 = tl.philox(seed, key, query, zero + head, zero + batch)
-            byte = (_keep_pair(w0, threshold, 0, 1) | _keep_pair(w1, threshold, 2, 3)
-                    | _keep_pair(w2, threshold, 4, 5) | _keep_pair(w3, threshold, 6, 7))
-            row = (bh.to(tl.int64) * row_blocks + rb) * 32 + lane
-            ptrs = words + (row * words_per_row * 4)[:, None] + byte_offset[None, :]
-            tl.store(ptrs, byte.to(tl.int8), mask=(rb < row_blocks)[:, None] & blk_ok[None, :])
+            query = rb * 16 + lane // 4                # Philox row counter (bit 3 clear)
+            base = (((bh.to(tl.int64) * row_blocks + rb) * col_tiles + tile) * 32 + lane) * WORDS_PER_TILE
+            ok = rb < row_blocks
+            for w in tl.static_range(WORDS_PER_TILE):
+                word = tl.zeros_like(query)
+                for q in tl.static_range(4):
+                    if 4 * w + q < COL_TILE // 16:
+                        key = col0 + (4 * w + q) * 16 + 2 * (lane % 4)
+                        word |= _row_byte(seed, threshold, query, key, head + query * 0, batch + query * 0) << (8 * q)
+                tl.store(words + base + w, word, mask=ok)
 
 
 def launch(words, seed: int, threshold: int, heads: int, layout: BitLayout, window_left: int,
@@ -103,16 +125,13 @@ def launch(words, seed: int, threshold: int, heads: int, layout: BitLayout, wind
     """Fill `words` (int32, layout.shape(batch, heads)) with the keep bits."""
     batch = words.shape[0]
     seqlen_q, seqlen_k = (layout.cols, layout.rows) if layout.transposed else (layout.rows, layout.cols)
-    row_blocks_per_program = ROW_BLOCKS_PER_PROGRAM
+    row_blocks_per_program = ROW_BLOCKS_PER_PROGRAM[layout.transposed]
     while layout.row_blocks % row_blocks_per_program:
         row_blocks_per_program //= 2
     grid = (layout.row_blocks // row_blocks_per_program, layout.col_tiles, batch * heads)
     seed = int(seed) & 0xFFFFFFFFFFFFFFFF
     _draw_bits[grid](
-        words.view(-1).view(torch.int8), seed, threshold, heads, layout.row_blocks,
-        layout.words_per_row, seqlen_k - seqlen_q, max(window_left, 0), max(window_right, 0),
-        ROW_TILE=layout.row_tile, COL_TILE=layout.col_tile, WORDS_PER_TILE=layout.words_per_tile,
-        BLOCKS=triton.next_power_of_2(layout.col_tile // BLOCK), ROW_BLOCKS=row_blocks_per_program,
-        TRANSPOSED=layout.transposed, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-        num_warps=4)
-
+        words, seed, threshold, heads, layout.row_blocks, layout.col_tiles, seqlen_k - seqlen_q,
+        max(window_left, 0), max(window_right, 0), ROW_TILE=layout.row_tile, COL_TILE=layout.col_tile,
+        WORDS_PER_TILE=layout.words_per_tile, ROW_BLOCKS=row_blocks_per_program, TRANSPOSED=layout.transposed,
+        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, num_warps=4)

@@ -46,7 +46,7 @@ def test_a_thread_finds_its_eight_scores_in_one_byte():
     for row, col in [(0, 0), (3, 5), (11, 9), (15, 14), (8, 1)]:
         keep = torch.zeros(1, 1, 16, 64, dtype=torch.bool)
         keep[0, 0, row, col] = True
-        words = pack(keep, layout)[0, 0]
+        words = pack(keep, layout)[0, 0, 0]
         lane = 4 * (row % 8) + (col % 8) // 2
         bit = 4 * (row // 8 % 2) + 2 * (col // 8 % 2) + col % 2
         expected = torch.zeros(32, 1, dtype=torch.int64)
@@ -57,7 +57,8 @@ def test_a_thread_finds_its_eight_scores_in_one_byte():
 def test_layout_sizes_and_bad_tiles():
     layout = BitLayout(1000, 1000, 192, 144, False)
     assert layout.row_blocks == 6 * 12 and layout.col_tiles == 7 and layout.words_per_tile == 3
-    assert layout.nbytes(2, 4) == 4 * 2 * 4 * 72 * 32 * 21
+    assert layout.shape(2, 4) == (2, 4, 72, 7 * 32, 3)
+    assert layout.nbytes(2, 4) == 4 * 2 * 4 * 72 * 7 * 32 * 3
     with pytest.raises(ValueError, match="col_tile=72"):
         BitLayout(10, 10, 128, 72, False)
 
@@ -82,12 +83,11 @@ def test_triton_kernel_draws_the_packed_mask(rows, cols, row_tile, col_tile, tra
         visible &= rel >= -window[0]
     if transposed:
         visible = visible.T
-    per_tile = layout.words_per_tile
     blocks = col_tile // 16
     drawn = 0
     for rb in range(layout.row_blocks):
         for t in range(layout.col_tiles):
-            cells = (slice(None), slice(None), slice(rb * 32, rb * 32 + 32), slice(t * per_tile, (t + 1) * per_tile))
+            cells = (slice(None), slice(None), rb, slice(t * 32, t * 32 + 32))
             got_bytes = got[cells].contiguous().view(torch.uint8).reshape(batch, heads, 32, -1)[..., :blocks]
             want_bytes = expected[cells].contiguous().view(torch.uint8).reshape(batch, heads, 32, -1)[..., :blocks]
             if torch.equal(got_bytes, want_bytes):

@@ -196,10 +196,10 @@ def drop_params_of_mma(method, kernel, args, kwargs):
 
 
 class KeepBits:
-    """The mask drawn ahead by kernels/dropout_bits.py: int32 words (batch, head, 16-row block *
-    32 + lane, word), one byte per thread and 16 x 16 block, bit 4*dr + q for accumulator entry
-    (r + dr, c + q) of the row pair r and column quad c that hold the block (the order of
-    `drop_probabilities` and `mark_dropped`)."""
+    """The mask drawn ahead by kernels/dropout_bits.py: int32 words (batch, head, 16-row block,
+    column tile * 32 + lane, word), one byte per thread and 16 x 16 block, bit 4*dr + q for
+    accumulator entry (r + dr, c + q) of the row pair r and column quad c that hold the block
+    (the order of `drop_probabilities` and `mark_dropped`)."""
 
     def __init__(self, words: cute.Tensor, col_tile: int):
         self.words = words
@@ -211,9 +211,9 @@ class KeepBits:
         words = []
         for r in range(0, cute.size(coords_mn, mode=[0]), 2):   # unrolled at trace time
             row, col = Int32(coords_mn[r, 0][0]), Int32(coords_mn[r, 0][1])
-            line = (row >> 4) * 32 + (row & 7) * 4 + ((col & 7) >> 1)
-            first = col_tile_index * self.words_per_tile
-            words.append([Uint32(self.words[batch, head, line, first + w]) for w in range(self.words_per_tile)])
+            lane = (row & 7) * 4 + ((col & 7) >> 1)
+            record = col_tile_index * 32 + lane
+            words.append([Uint32(self.words[batch, head, row >> 4, record, w]) for w in range(self.words_per_tile)])
         return words
 
 
