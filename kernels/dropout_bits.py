@@ -4,11 +4,17 @@ kernel's threads hold the scores.
 Why: drawn inside the Hopper kernels, Philox is about 45 instructions per eight scores on the
 consumer warpgroups' path, which are the ones that also issue the products and the softmax; the
 forward with dropout ran 1.8x the code and 1.8x the time of the forward without. Here a separate
-kernel draws the same numbers (kernels/philox.py's mask, bit for bit) at full occupancy and
-writes one bit per score; the attention kernel loads one 32-bit word per 64 scores of a row pair
-and tests bits. The memory is B * H * S_q * S_k / 8 bytes (about 1 bit per score), allocated for
-one kernel and freed after it: the forward and the backward each draw their own, so nothing is
-held from the forward to the backward.
+kernel draws the same numbers (kernels/philox.py's mask, bit for bit) and writes one bit per
+score; the attention kernel loads one 32-bit word per 64 scores of a row pair and tests bits.
+The memory is about B * H * S_q * S_k / 8 bytes, allocated for one kernel and freed after it:
+the forward and the backward each draw their own, so nothing is held from one to the other.
+
+Measured on an H100 (docs/benchmarks/dropout-ahead-2026-11-23-h100/): the attention kernels'
+own cost of dropout falls (hdim 128, 4k: forward 1.78x -> about 1.2-1.3x the time without,
+backward 1.1-1.3x -> 1.07-1.10x), but this Triton drawing kernel takes 0.3-0.6 ms per call,
+about as long as the forward itself, so forward + backward is slower at most points than with
+the mask drawn inline. It is therefore opt-in (`draw_ahead`); a drawing kernel several times
+faster would make it the better path.
 
 Layout (`BitLayout`): the kernel's score tile is seen in its own orientation, rows x cols
 (forward: queries x keys; backward, which computes S^T: keys x queries). A `wgmma` accumulator
@@ -116,20 +122,21 @@ def unpack(words: torch.Tensor, layout: BitLayout) -> torch.Tensor:
     return bits.reshape(b, h, layout.row_blocks * BLOCK, layout.col_tiles * layout.col_tile).bool()
 
 
-MODES = ("auto", "ahead", "inline")
+MODES = ("inline", "ahead")
 DEFAULT_MAX_MB = 1024
 
 
 def draw_ahead(nbytes: int) -> bool:
     """Whether a Hopper kernel with dropout reads the mask drawn ahead (True) or draws it
-    itself. Both give the same bits. DASH_DROPOUT_MASK: `auto` (default) draws ahead when the
-    bits take at most DASH_DROPOUT_MASK_MAX_MB megabytes (default 1024), `ahead` always,
-    `inline` never."""
-    mode = os.environ.get("DASH_DROPOUT_MASK", "auto").strip().lower() or "auto"
+    itself; both give the same bits. DASH_DROPOUT_MASK: `inline` (the default: faster end to end
+    on an H100, because the drawing kernel costs more than the kernels save; docs/benchmarks/)
+    or `ahead`, which draws ahead when the bits take at most DASH_DROPOUT_MASK_MAX_MB megabytes
+    (default 1024) and inline beyond."""
+    mode = os.environ.get("DASH_DROPOUT_MASK", "inline").strip().lower() or "inline"
     if mode not in MODES:
         raise ValueError(f"DASH_DROPOUT_MASK={mode!r}: expected one of {', '.join(MODES)}")
-    if mode != "auto":
-        return mode == "ahead"
+    if mode == "inline":
+        return False
     limit = os.environ.get("DASH_DROPOUT_MASK_MAX_MB", str(DEFAULT_MAX_MB))
     try:
         limit_mb = float(limit)

@@ -96,3 +96,20 @@ def test_triton_kernel_draws_the_packed_mask(rows, cols, row_tile, col_tile, tra
             tile_visible = visible[rb * 16:(rb + 1) * 16, t * col_tile:(t + 1) * col_tile]
             assert not tile_visible.any(), f"block {rb}, tile {t}: drawn wrong and visible"
     assert drawn > 0
+
+
+def test_draw_ahead_is_opt_in_and_bounded(monkeypatch):
+    from dash_plugin.kernels.dropout_bits import draw_ahead
+    monkeypatch.delenv("DASH_DROPOUT_MASK", raising=False)
+    monkeypatch.delenv("DASH_DROPOUT_MASK_MAX_MB", raising=False)
+    assert draw_ahead(1) is False                    # default: drawn in the kernels
+    monkeypatch.setenv("DASH_DROPOUT_MASK", "ahead")
+    assert draw_ahead(1024 * 2 ** 20) is True and draw_ahead(1024 * 2 ** 20 + 1) is False
+    monkeypatch.setenv("DASH_DROPOUT_MASK_MAX_MB", "0.5")
+    assert draw_ahead(2 ** 19) is True and draw_ahead(2 ** 19 + 1) is False
+    monkeypatch.setenv("DASH_DROPOUT_MASK_MAX_MB", "lots")
+    with pytest.raises(ValueError, match="DASH_DROPOUT_MASK_MAX_MB='lots'"):
+        draw_ahead(1)
+    monkeypatch.setenv("DASH_DROPOUT_MASK", "precomputed")
+    with pytest.raises(ValueError, match="DASH_DROPOUT_MASK='precomputed': expected one of inline, ahead"):
+        draw_ahead(1)
