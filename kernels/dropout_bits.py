@@ -124,6 +124,7 @@ def unpack(words: torch.Tensor, layout: BitLayout) -> torch.Tensor:
 
 MODES = ("inline", "ahead")
 DEFAULT_MAX_MB = 1024
+MAX_MB = 8192
 
 
 def draw_ahead(nbytes: int) -> bool:
@@ -131,7 +132,7 @@ def draw_ahead(nbytes: int) -> bool:
     itself; both give the same bits. DASH_DROPOUT_MASK: `inline` (the default: faster end to end
     on an H100, because the drawing kernel costs more than the kernels save; docs/benchmarks/)
     or `ahead`, which draws ahead when the bits take at most DASH_DROPOUT_MASK_MAX_MB megabytes
-    (default 1024) and inline beyond."""
+    (default 1024, at most 8192) and inline beyond."""
     mode = os.environ.get("DASH_DROPOUT_MASK", "inline").strip().lower() or "inline"
     if mode not in MODES:
         raise ValueError(f"DASH_DROPOUT_MASK={mode!r}: expected one of {', '.join(MODES)}")
@@ -142,7 +143,8 @@ def draw_ahead(nbytes: int) -> bool:
         limit_mb = float(limit)
     except ValueError:
         raise ValueError(f"DASH_DROPOUT_MASK_MAX_MB={limit!r}: expected a number of megabytes") from None
-    return nbytes <= limit_mb * 2 ** 20
+    # Beyond 8 GiB the kernels' word offsets could pass int32.
+    return nbytes <= min(limit_mb, MAX_MB) * 2 ** 20
 
 
 def draw(seed: int, dropout_p: float, batch: int, heads: int, layout: BitLayout, window_left: int = -1,

@@ -54,16 +54,17 @@ def _column_bytes(seed, threshold, key, query, head, batch):
 
 
 @triton.jit
-def _draw_bits(words, seed, threshold, heads, row_blocks, col_tiles, shift, left, right,
+def _draw_bits(words, seed, threshold, heads, row_programs, row_blocks, col_tiles, shift, left, right,
                ROW_TILE: tl.constexpr, COL_TILE: tl.constexpr, WORDS_PER_TILE: tl.constexpr,
                ROW_BLOCKS: tl.constexpr, TRANSPOSED: tl.constexpr, HAS_LEFT: tl.constexpr,
                HAS_RIGHT: tl.constexpr):
     """One program: ROW_BLOCKS 16-row blocks x one column tile of one (batch, head). An element
     is one lane's record (forward) or the records of two lanes that share their Philox calls
     (transposed); it draws the record's bytes and stores whole int32 words."""
-    pid_r = tl.program_id(0)
+    # Axis 0 holds (batch * head, row program): axis 2 of a grid stops at 65,535.
+    bh = tl.program_id(0) // row_programs
+    pid_r = tl.program_id(0) % row_programs
     tile = tl.program_id(1)
-    bh = tl.program_id(2)
     batch = bh // heads
     head = bh % heads
     # Skip a program whose rows and columns, widened by one kernel tile each way, hold no visible
@@ -128,10 +129,14 @@ def launch(words, seed: int, threshold: int, heads: int, layout: BitLayout, wind
     row_blocks_per_program = ROW_BLOCKS_PER_PROGRAM[layout.transposed]
     while layout.row_blocks % row_blocks_per_program:
         row_blocks_per_program //= 2
-    grid = (layout.row_blocks // row_blocks_per_program, layout.col_tiles, batch * heads)
+    row_programs = layout.row_blocks // row_blocks_per_program
+    grid = (batch * heads * row_programs, layout.col_tiles)
     seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    # A window wider than both sequences limits nothing; clamped so the int32 bounds cannot wrap.
+    reach = seqlen_q + seqlen_k
     _draw_bits[grid](
-        words, seed, threshold, heads, layout.row_blocks, layout.col_tiles, seqlen_k - seqlen_q,
-        max(window_left, 0), max(window_right, 0), ROW_TILE=layout.row_tile, COL_TILE=layout.col_tile,
+        words, seed, threshold, heads, row_programs, layout.row_blocks, layout.col_tiles, seqlen_k - seqlen_q,
+        min(max(window_left, 0), reach), min(max(window_right, 0), reach), ROW_TILE=layout.row_tile,
+        COL_TILE=layout.col_tile,
         WORDS_PER_TILE=layout.words_per_tile, ROW_BLOCKS=row_blocks_per_program, TRANSPOSED=layout.transposed,
         HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, num_warps=4)

@@ -7,7 +7,7 @@ compiled on a GPU machine); tiles it leaves undrawn hold no visible score.
 import pytest
 import torch
 
-from dash_plugin.kernels.dropout_bits import BitLayout, draw, pack, unpack
+from dash_plugin.kernels.dropout_bits import BitLayout, pack, unpack
 from dash_plugin.kernels.philox import dropout_keep_mask
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,18 +63,31 @@ def test_layout_sizes_and_bad_tiles():
         BitLayout(10, 10, 128, 72, False)
 
 
-@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (100, 20)], ids=["full", "causal", "window"])
-@pytest.mark.parametrize("rows, cols, row_tile, col_tile, transposed", LAYOUTS)
+# Longer layouts, S_q != S_k included, where whole tiles lie outside a causal mask or a window.
+SKIPPING = [(1024, 300, 128, 128, False), (700, 1024, 128, 80, True)]
+
+
+WINDOWS = {"full": (-1, -1), "causal": (-1, 0), "window": (100, 20), "huge-right": (-1, 2 ** 31 - 1)}
+DRAW_CASES = ([(*lay, w) for lay in LAYOUTS for w in ("full", "causal", "window")]
+              + [(*lay, w) for lay in SKIPPING for w in ("causal", "window")] + [(*LAYOUTS[3], "huge-right")])
+
+
+@pytest.mark.parametrize("rows, cols, row_tile, col_tile, transposed, window", DRAW_CASES)
 def test_triton_kernel_draws_the_packed_mask(rows, cols, row_tile, col_tile, transposed, window):
+    window = WINDOWS[window]
+    from dash_plugin.kernels import dropout_bits_triton
+    from dash_plugin.kernels.philox import dropout_threshold
     layout = BitLayout(rows, cols, row_tile, col_tile, transposed)
     seed, p, batch, heads = 2 ** 40 + 99, 0.2, 2, 2
-    got = draw(seed, p, batch, heads, layout, window_left=window[0], window_right=window[1], device=DEVICE).cpu()
+    # Every word starts as -1, so a record the kernel leaves undrawn is seen as such (a drawn
+    # record of all-kept bits at p = 0.2 has probability 0.8 ** 256).
+    got = torch.full(layout.shape(batch, heads), -1, dtype=torch.int32, device=DEVICE)
+    dropout_bits_triton.launch(got, seed, dropout_threshold(p), heads, layout, *window)
+    got = got.cpu()
     expected = pack(_keep(seed, p, batch, heads, layout), layout)
-    # Compare tile by tile: a drawn tile matches; an undrawn one (whatever memory held) must be
-    # one that no query sees a key of.
     seqlen_q, seqlen_k = (cols, rows) if transposed else (rows, cols)
-    q = torch.arange(layout.row_blocks * 16 if not transposed else layout.col_tiles * col_tile)
-    k = torch.arange(layout.col_tiles * col_tile if not transposed else layout.row_blocks * 16)
+    q = torch.arange(layout.col_tiles * col_tile if transposed else layout.row_blocks * 16)
+    k = torch.arange(layout.row_blocks * 16 if transposed else layout.col_tiles * col_tile)
     rel = k[None, :] - q[:, None] - (seqlen_k - seqlen_q)
     visible = torch.ones_like(rel, dtype=torch.bool)
     if window[1] >= 0:
@@ -84,18 +97,22 @@ def test_triton_kernel_draws_the_packed_mask(rows, cols, row_tile, col_tile, tra
     if transposed:
         visible = visible.T
     blocks = col_tile // 16
-    drawn = 0
+    undrawn = 0
     for rb in range(layout.row_blocks):
         for t in range(layout.col_tiles):
             cells = (slice(None), slice(None), rb, slice(t * 32, t * 32 + 32))
+            if (got[cells] == -1).all():
+                undrawn += 1
+                tile_visible = visible[rb * 16:(rb + 1) * 16, t * col_tile:(t + 1) * col_tile]
+                assert not tile_visible.any(), f"block {rb}, tile {t}: visible scores, not drawn"
+                continue
             got_bytes = got[cells].contiguous().view(torch.uint8).reshape(batch, heads, 32, -1)[..., :blocks]
             want_bytes = expected[cells].contiguous().view(torch.uint8).reshape(batch, heads, 32, -1)[..., :blocks]
-            if torch.equal(got_bytes, want_bytes):
-                drawn += 1
-                continue
-            tile_visible = visible[rb * 16:(rb + 1) * 16, t * col_tile:(t + 1) * col_tile]
-            assert not tile_visible.any(), f"block {rb}, tile {t}: drawn wrong and visible"
-    assert drawn > 0
+            assert torch.equal(got_bytes, want_bytes), f"block {rb}, tile {t}: drawn wrong"
+    if window in ((-1, -1), (-1, 2 ** 31 - 1)):
+        assert undrawn == 0
+    elif (rows, cols, row_tile, col_tile, transposed) in SKIPPING:
+        assert undrawn > 0, "nothing skipped where whole tiles are outside the mask"
 
 
 def test_draw_ahead_is_opt_in_and_bounded(monkeypatch):
@@ -107,6 +124,8 @@ def test_draw_ahead_is_opt_in_and_bounded(monkeypatch):
     assert draw_ahead(1024 * 2 ** 20) is True and draw_ahead(1024 * 2 ** 20 + 1) is False
     monkeypatch.setenv("DASH_DROPOUT_MASK_MAX_MB", "0.5")
     assert draw_ahead(2 ** 19) is True and draw_ahead(2 ** 19 + 1) is False
+    monkeypatch.setenv("DASH_DROPOUT_MASK_MAX_MB", "100000")   # capped at 8 GiB (int32 offsets)
+    assert draw_ahead(8192 * 2 ** 20) is True and draw_ahead(8192 * 2 ** 20 + 1) is False
     monkeypatch.setenv("DASH_DROPOUT_MASK_MAX_MB", "lots")
     with pytest.raises(ValueError, match="DASH_DROPOUT_MASK_MAX_MB='lots'"):
         draw_ahead(1)

@@ -273,6 +273,10 @@ def test_hopper_mask_drawn_ahead_gives_the_bits_of_the_mask_drawn_inline(monkeyp
     hq, hkv = HEADS[heads]
     q, k, v, do = dense_inputs((2, seqlen, seqlen, hq, hkv, d), torch.bfloat16, DEVICE, seed=5)
     window = {"causal": (-1, 0), "full": (-1, -1), "window": (150, 30)}[mask]
+    from dash_plugin.kernels.hopper import bwd_sm90, fwd_sm90
+    drawn = []
+    for module in (fwd_sm90, bwd_sm90):   # count the draws: proof that the `ahead` calls read bits
+        monkeypatch.setattr(module, "draw", lambda *a, _draw=module.draw, **kw: drawn.append(1) or _draw(*a, **kw))
     results = {}
     for mode in ("inline", "ahead"):
         monkeypatch.setenv("DASH_DROPOUT_MASK", mode)
@@ -281,5 +285,6 @@ def test_hopper_mask_drawn_ahead_gives_the_bits_of_the_mask_drawn_inline(monkeyp
                                           schedule="descending", deterministic=True, backend="hopper")
         assert dash_plugin.last_resolved().concrete_backend == "hopper"
         results[mode] = (out.detach(), *torch.autograd.grad(out, leaves, do))
+        assert len(drawn) == (2 if mode == "ahead" else 0), f"{mode}: {len(drawn)} masks drawn ahead"
     for name, a, b in zip(("out", "dq", "dk", "dv"), results["inline"], results["ahead"]):
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} of {a.numel()} elements differ"

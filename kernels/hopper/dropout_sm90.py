@@ -203,11 +203,15 @@ class KeepBits:
 
     def __init__(self, words: cute.Tensor, col_tile: int):
         self.words = words
-        self.words_per_tile = -(-(col_tile // 16) // 4)
+        self.blocks = col_tile // 16
+        self.words_per_tile = -(-self.blocks // 4)
 
     def load(self, coords_mn: cute.Tensor, batch, head, col_tile_index):
         """The words of this thread's bytes in one tile: a list per row pair of the accumulator.
         Called before the tile's products are waited for, so the loads are in flight meanwhile."""
+        # apply_keep_bits takes a thread's column quad c as the tile's 16-column block c // 4:
+        # true while every thread holds the tile's whole width, as FA4's sm90 tiles do.
+        assert cute.size(coords_mn, mode=[1]) == 4 * self.blocks, "a thread must hold the tile's full width"
         words = []
         for r in range(0, cute.size(coords_mn, mode=[0]), 2):   # unrolled at trace time
             row, col = Int32(coords_mn[r, 0][0]), Int32(coords_mn[r, 0][1])
