@@ -48,6 +48,11 @@ BLOCK = 16          # rows and columns of one block of a thread's bytes
 BLOCKS_PER_WORD = 4  # a 32-bit word holds the bytes of four column blocks
 
 
+def words_per_tile(col_tile: int) -> int:
+    """int32 words of one lane's record in a column tile: a byte per 16-column block."""
+    return -(-(col_tile // BLOCK) // BLOCKS_PER_WORD)
+
+
 @dataclass(frozen=True)
 class BitLayout:
     """Where each score's keep bit sits, for one consumer kernel's tiles."""
@@ -74,7 +79,7 @@ class BitLayout:
 
     @property
     def words_per_tile(self) -> int:
-        return -(-(self.col_tile // BLOCK) // BLOCKS_PER_WORD)
+        return words_per_tile(self.col_tile)
 
     def shape(self, batch: int, heads: int) -> tuple[int, int, int, int, int]:
         """int32 (batch, heads, 16-row block, column tile * 32 + lane, word)."""
@@ -123,6 +128,13 @@ def unpack(words: torch.Tensor, layout: BitLayout) -> torch.Tensor:
 
 
 MODES = ("inline", "ahead")
+
+
+def _mode() -> str:
+    mode = os.environ.get("DASH_DROPOUT_MASK", "inline").strip().lower() or "inline"
+    if mode not in MODES:
+        raise ValueError(f"DASH_DROPOUT_MASK={mode!r}: expected one of {', '.join(MODES)}")
+    return mode
 DEFAULT_MAX_MB = 1024
 MAX_MB = 8192
 
@@ -133,10 +145,7 @@ def draw_ahead(nbytes: int) -> bool:
     on an H100, because the drawing kernel costs more than the kernels save; docs/benchmarks/)
     or `ahead`, which draws ahead when the bits take at most DASH_DROPOUT_MASK_MAX_MB megabytes
     (default 1024, at most 8192) and inline beyond."""
-    mode = os.environ.get("DASH_DROPOUT_MASK", "inline").strip().lower() or "inline"
-    if mode not in MODES:
-        raise ValueError(f"DASH_DROPOUT_MASK={mode!r}: expected one of {', '.join(MODES)}")
-    if mode == "inline":
+    if _mode() == "inline":
         return False
     limit = os.environ.get("DASH_DROPOUT_MASK_MAX_MB", str(DEFAULT_MAX_MB))
     try:
@@ -158,3 +167,16 @@ def draw(seed: int, dropout_p: float, batch: int, heads: int, layout: BitLayout,
         dropout_bits_triton.launch(words, seed, dropout_threshold(dropout_p), heads, layout, window_left,
                                    window_right)
     return words
+
+
+def bits_for_kernel(seed: int, dropout_p: float, batch: int, heads: int, layout_of, window_left: int,
+                    window_right: int, *, device) -> torch.Tensor | None:
+    """The keep bits a Hopper kernel reads, or None when it draws the mask itself (`draw_ahead`).
+    `layout_of()` gives the kernel's BitLayout; it is only built when DASH_DROPOUT_MASK asks for
+    the mask ahead, so the default path does no more work per call."""
+    if _mode() == "inline":
+        return None
+    layout = layout_of()
+    if not draw_ahead(layout.nbytes(batch, heads)):
+        return None
+    return draw(seed, dropout_p, batch, heads, layout, window_left, window_right, device=device)

@@ -55,10 +55,11 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
         q = torch.empty(2, 512, 4, head_dim, dtype=torch.bfloat16, device="cuda")
         return q, torch.empty(2, 512, heads_kv, head_dim, dtype=torch.bfloat16, device="cuda")
 
+    from dash_plugin.kernels import dropout_bits
+    dropout_bits.draw = _fake_draw
     if kernel == "fwd":
         from dash_plugin.kernels.hopper import fwd_sm90
         fwd_sm90._compile = _without_launch(fwd_sm90._compile)
-        fwd_sm90.draw = _fake_draw
         with FakeTensorMode():
             q, k = inputs()
             fwd_sm90.attention_forward(q, k, k, softmax_scale=head_dim ** -0.5, causal=causal,
@@ -76,7 +77,6 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
         lambda t, leading_dim, alignment, stride_order: bwd_sm90.to_cute_tensor(
             t, assumed_align=alignment, leading_dim=leading_dim))
     bwd_sm90.cute.compile = _without_launch(bwd_sm90.cute.compile)
-    bwd_sm90.draw = _fake_draw
     schedule = "descending"
     fake = FakeTensorMode()
     with fake:

@@ -273,10 +273,14 @@ def test_hopper_mask_drawn_ahead_gives_the_bits_of_the_mask_drawn_inline(monkeyp
     hq, hkv = HEADS[heads]
     q, k, v, do = dense_inputs((2, seqlen, seqlen, hq, hkv, d), torch.bfloat16, DEVICE, seed=5)
     window = {"causal": (-1, 0), "full": (-1, -1), "window": (150, 30)}[mask]
-    from dash_plugin.kernels.hopper import bwd_sm90, fwd_sm90
+    from dash_plugin.kernels import dropout_bits
     drawn = []
-    for module in (fwd_sm90, bwd_sm90):   # count the draws: proof that the `ahead` calls read bits
-        monkeypatch.setattr(module, "draw", lambda *a, _draw=module.draw, **kw: drawn.append(1) or _draw(*a, **kw))
+    real_draw = dropout_bits.draw
+
+    def counted_draw(*args, **kwargs):   # count the draws: proof that the `ahead` calls read bits
+        drawn.append(1)
+        return real_draw(*args, **kwargs)
+    monkeypatch.setattr(dropout_bits, "draw", counted_draw)
     results = {}
     for mode in ("inline", "ahead"):
         monkeypatch.setenv("DASH_DROPOUT_MASK", mode)

@@ -44,10 +44,10 @@ from flash_attn.cute.tile_scheduler import SingleTileLPTBwdScheduler
 from flash_attn.cute.named_barrier import NamedBarrierBwd
 from quack import copy_utils, layout_utils
 
-from ..dropout_bits import BitLayout, draw, draw_ahead
+from ..dropout_bits import BitLayout, bits_for_kernel
 from ..philox import keep_scale
 from . import dropout_sm90
-from .masks import fa4_mask, our_window
+from .masks import fa4_mask
 from .tile_table import bwd_tiles
 from .visit_tables import VisitTables
 
@@ -446,6 +446,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     dropout_sm90.refuse_softcap(dropout_p, softcap)
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    band = (window_left, 0 if causal else window_right)   # ours; causal is a right window of 0
     causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)
     cfg = tiles(head_dim, causal, local)
     tm, tn = cfg.m_block_size, cfg.n_block_size
@@ -484,13 +485,13 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
                                   tables.q_tile.shape[-1]))
     dropout = dropout_p > 0
     aux = [dropout_sm90.params_tensor(seed, dropout_p, dev)] if dropout else None
-    keep_bits = False
+    bits = None
     if dropout:   # S^T tiles: rows are keys, columns queries
-        layout = BitLayout(seqlen_k, seqlen_q, tn, tm, transposed=True)
-        keep_bits = draw_ahead(layout.nbytes(batch, heads))
-        if keep_bits:
-            aux.append(draw(seed, dropout_p, batch, heads, layout,
-                            *our_window(causal, window_size_left, window_size_right), device=dev))
+        bits = bits_for_kernel(seed, dropout_p, batch, heads,
+                               lambda: BitLayout(seqlen_k, seqlen_q, tn, tm, transposed=True), *band, device=dev)
+    keep_bits = bits is not None
+    if keep_bits:
+        aux.append(bits)
     head_by_head = tables.group_size > 1   # cyclic groups must be co-resident
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,

@@ -34,6 +34,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from quack import layout_utils
 
+from ..dropout_bits import words_per_tile
 from ..philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, dropout_threshold, keep_scale
 
 
@@ -204,7 +205,7 @@ class KeepBits:
     def __init__(self, words: cute.Tensor, col_tile: int):
         self.words = words
         self.blocks = col_tile // 16
-        self.words_per_tile = -(-self.blocks // 4)
+        self.words_per_tile = words_per_tile(col_tile)
 
     def load(self, coords_mn: cute.Tensor, batch, head, col_tile_index):
         """The words of this thread's bytes in one tile: a list per row pair of the accumulator.

@@ -25,10 +25,10 @@ from flash_attn.cute import utils as fa4_utils
 from flash_attn.cute.cute_dsl_utils import maybe_contiguous, to_cute_aux_tensor, to_cute_tensor, torch2cute_dtype_map
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
-from ..dropout_bits import BitLayout, draw, draw_ahead
+from ..dropout_bits import BitLayout, bits_for_kernel
 from . import dropout_sm90
 from .fwd_key import forward_key
-from .masks import fa4_mask, our_window
+from .masks import fa4_mask
 
 _compiled: dict = {}
 
@@ -57,6 +57,7 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     """(out, lse) of dense (B, S, H, D) fp16/bf16 inputs; lse (B, H, S) fp32, natural log, of
     the undropped scores. Windows and softcap as in masks.py; dropout with the mask of
     kernels/philox.py (not with softcap)."""
+    band = (window_left, 0 if causal else window_right)   # ours; causal is a right window of 0
     causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)
     dropout_sm90.refuse_softcap(dropout_p, softcap)
     dropout = dropout_p > 0
@@ -67,14 +68,15 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     if seqlen_q == 0 or k.shape[1] == 0:   # nothing to launch; no key is visible: softmax of nothing
         return out.zero_(), lse.fill_(float("-inf"))
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
-    keep_bits = False
+    bits = None
     if dropout:
-        cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
-        layout = BitLayout(seqlen_q, k.shape[1], cfg.m_block_size, cfg.n_block_size, transposed=False)
-        keep_bits = draw_ahead(layout.nbytes(batch, heads))
-        if keep_bits:
-            aux.append(draw(seed, dropout_p, batch, heads, layout, *our_window(causal, window_size_left,
-                                                                               window_size_right), device=q.device))
+        def layout_of():
+            cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
+            return BitLayout(seqlen_q, k.shape[1], cfg.m_block_size, cfg.n_block_size, transposed=False)
+        bits = bits_for_kernel(seed, dropout_p, batch, heads, layout_of, *band, device=q.device)
+    keep_bits = bits is not None
+    if keep_bits:
+        aux.append(bits)
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
                       window_size_right=window_size_right, softcap=softcap, dropout=dropout, keep_bits=keep_bits)
     kernel = _compiled.get(key)

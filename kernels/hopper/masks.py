@@ -17,11 +17,3 @@ def fa4_mask(causal: bool, window_left: int, window_right: int):
     if window_left < 0 and right == 0:
         return True, False, None, None
     return False, True, (None if window_left < 0 else window_left), (None if right < 0 else right)
-
-
-def our_window(causal: bool, window_size_left, window_size_right) -> tuple[int, int]:
-    """(window_left, window_right) in our terms of FA4's mask arguments (fa4_mask's output)."""
-    if causal:
-        return -1, 0
-    return (-1 if window_size_left is None else window_size_left), (-1 if window_size_right is None
-                                                                     else window_size_right)
