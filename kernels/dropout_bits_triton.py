@@ -6,6 +6,7 @@ whole (contiguous int32 words, so the stores coalesce)."""
 import triton
 import triton.language as tl
 
+from ._triton_common import philox
 from .dropout_bits import BitLayout
 
 # 16-row blocks per program: 128 elements, one per thread of 4 warps (a transposed element
@@ -14,50 +15,53 @@ ROW_BLOCKS_PER_PROGRAM = {False: 4, True: 8}
 
 
 @triton.jit
-def _keep_pair(w, threshold, low_bit: tl.constexpr, high_bit: tl.constexpr):
-    """The low and high 16-bit draws of words `w` as keep bits at positions low_bit, high_bit."""
-    low = ((w & 0xFFFF).to(tl.int32) >= threshold).to(tl.int32)
-    high = ((w >> 16).to(tl.int32) >= threshold).to(tl.int32)
-    return (low << low_bit) | (high << high_bit)
+def _keep_lanes(w, lanes_threshold, HIGH_THRESHOLD: tl.constexpr):
+    """Keep bits of both 16-bit draws of words `w`, at bits 15 (low draw) and 31 (high draw),
+    with three integer ops per word instead of a compare and a select per draw. Setting each
+    lane's top bit before subtracting the threshold's low 15 bits (`lanes_threshold`, in both
+    lanes) keeps the borrow inside the lane, and leaves bit 15 of the lane set iff the draw's
+    low 15 bits >= the threshold's. The top bits then decide: with the threshold's top bit
+    clear (p < 0.5) the draw is kept iff its top bit or that bit is set, else iff both are."""
+    low15 = (w | 0x80008000) - lanes_threshold
+    if HIGH_THRESHOLD:
+        return w & low15 & 0x80008000
+    return (w | low15) & 0x80008000
 
 
 @triton.jit
-def _keep_half(w, threshold, bit: tl.constexpr, HIGH: tl.constexpr):
-    """Keep bit of the low or high (HIGH) 16-bit draw of words `w`, at position `bit`."""
-    draw = (w >> 16) if HIGH else (w & 0xFFFF)
-    return (draw.to(tl.int32) >= threshold).to(tl.int32) << bit
+def _row_byte(seed, lanes_threshold, query, key, head, batch, HIGH_THRESHOLD: tl.constexpr):
+    """Forward orientation: the byte of the Philox group anchored at (query, key), draw d at
+    bit d (word i's low draw at bit 2i, its high one at 2i + 1)."""
+    w0, w1, w2, w3 = philox(seed, key, query, head, batch)
+    bits = ((_keep_lanes(w0, lanes_threshold, HIGH_THRESHOLD) >> 15)
+            | (_keep_lanes(w1, lanes_threshold, HIGH_THRESHOLD) >> 13)
+            | (_keep_lanes(w2, lanes_threshold, HIGH_THRESHOLD) >> 11)
+            | (_keep_lanes(w3, lanes_threshold, HIGH_THRESHOLD) >> 9))
+    return ((bits | (bits >> 15)) & 0xFF).to(tl.int32, bitcast=True)
 
 
 @triton.jit
-def _row_byte(seed, threshold, query, key, head, batch):
-    """Forward orientation: the byte of the Philox group anchored at (query, key), draw d at bit d."""
-    w0, w1, w2, w3 = tl.philox(seed, key, query, head, batch)
-    return (_keep_pair(w0, threshold, 0, 1) | _keep_pair(w1, threshold, 2, 3)
-            | _keep_pair(w2, threshold, 4, 5) | _keep_pair(w3, threshold, 6, 7))
-
-
-@triton.jit
-def _column_bytes(seed, threshold, key, query, head, batch):
+def _column_bytes(seed, lanes_threshold, key, query, head, batch, HIGH_THRESHOLD: tl.constexpr):
     """Transposed orientation (rows are keys): the bytes of key rows {key, key+8} (parity 0) and
     {key+1, key+9} (parity 1) x query columns {query, query+1, query+8, query+9}. Queries query
     and query+1 are two Philox groups; a draw's index in its call is 4*bit3(query) +
-    2*bit3(key) + parity, its bit in the byte 4*bit3(key) + 2*bit3(query) + bit0(query)."""
-    even = tl.zeros_like(key)
-    odd = tl.zeros_like(key)
+    2*bit3(key) + parity, its bit in the byte 4*bit3(key) + 2*bit3(query) + bit0(query). The low
+    draws (parity 0) gather at bits 0-7, the high ones at 16-23."""
+    bits = tl.zeros_like(key).to(tl.uint32)
     for b0 in tl.static_range(2):
-        w0, w1, w2, w3 = tl.philox(seed, key, query + b0, head, batch)
-        even |= (_keep_half(w0, threshold, b0, False) | _keep_half(w1, threshold, 4 + b0, False)
-                 | _keep_half(w2, threshold, 2 + b0, False) | _keep_half(w3, threshold, 6 + b0, False))
-        odd |= (_keep_half(w0, threshold, b0, True) | _keep_half(w1, threshold, 4 + b0, True)
-                | _keep_half(w2, threshold, 2 + b0, True) | _keep_half(w3, threshold, 6 + b0, True))
-    return even, odd
+        w0, w1, w2, w3 = philox(seed, key, query + b0, head, batch)
+        bits |= ((_keep_lanes(w0, lanes_threshold, HIGH_THRESHOLD) >> (15 - b0))
+                 | (_keep_lanes(w2, lanes_threshold, HIGH_THRESHOLD) >> (13 - b0))
+                 | (_keep_lanes(w1, lanes_threshold, HIGH_THRESHOLD) >> (11 - b0))
+                 | (_keep_lanes(w3, lanes_threshold, HIGH_THRESHOLD) >> (9 - b0)))
+    return (bits & 0xFF).to(tl.int32, bitcast=True), ((bits >> 16) & 0xFF).to(tl.int32, bitcast=True)
 
 
 @triton.jit
-def _draw_bits(words, seed, threshold, heads, row_programs, row_blocks, col_tiles, shift, left, right,
+def _draw_bits(words, seed, lanes_threshold, heads, row_programs, row_blocks, col_tiles, shift, left, right,
                ROW_TILE: tl.constexpr, COL_TILE: tl.constexpr, WORDS_PER_TILE: tl.constexpr,
                ROW_BLOCKS: tl.constexpr, TRANSPOSED: tl.constexpr, HAS_LEFT: tl.constexpr,
-               HAS_RIGHT: tl.constexpr):
+               HAS_RIGHT: tl.constexpr, HIGH_THRESHOLD: tl.constexpr):
     """One program: ROW_BLOCKS 16-row blocks x one column tile of one (batch, head). An element
     is one lane's record (forward) or the records of two lanes that share their Philox calls
     (transposed); it draws the record's bytes and stores whole int32 words."""
@@ -100,7 +104,8 @@ def _draw_bits(words, seed, threshold, heads, row_programs, row_blocks, col_tile
                 for q in tl.static_range(4):
                     if 4 * w + q < COL_TILE // 16:
                         query = col0 + (4 * w + q) * 16 + 2 * cpair
-                        e_byte, o_byte = _column_bytes(seed, threshold, key, query, head + key * 0, batch + key * 0)
+                        e_byte, o_byte = _column_bytes(seed, lanes_threshold, key, query, head + key * 0, batch + key * 0,
+                                                       HIGH_THRESHOLD)
                         even |= e_byte << (8 * q)
                         odd |= o_byte << (8 * q)
                 tl.store(words + base + w, even, mask=ok)
@@ -117,7 +122,8 @@ def _draw_bits(words, seed, threshold, heads, row_programs, row_blocks, col_tile
                 for q in tl.static_range(4):
                     if 4 * w + q < COL_TILE // 16:
                         key = col0 + (4 * w + q) * 16 + 2 * (lane % 4)
-                        word |= _row_byte(seed, threshold, query, key, head + query * 0, batch + query * 0) << (8 * q)
+                        word |= _row_byte(seed, lanes_threshold, query, key, head + query * 0, batch + query * 0,
+                                          HIGH_THRESHOLD) << (8 * q)
                 tl.store(words + base + w, word, mask=ok)
 
 
@@ -134,9 +140,12 @@ def launch(words, seed: int, threshold: int, heads: int, layout: BitLayout, wind
     seed = int(seed) & 0xFFFFFFFFFFFFFFFF
     # A window wider than both sequences limits nothing; clamped so the int32 bounds cannot wrap.
     reach = seqlen_q + seqlen_k
+    # Both 16-bit lanes of a word are compared at once (_keep_lanes): the threshold's low 15 bits
+    # in each lane, and its top bit as a compile-time choice.
+    lanes_threshold = (threshold & 0x7FFF) * 0x10001
     _draw_bits[grid](
-        words, seed, threshold, heads, row_programs, layout.row_blocks, layout.col_tiles, seqlen_k - seqlen_q,
+        words, seed, lanes_threshold, heads, row_programs, layout.row_blocks, layout.col_tiles, seqlen_k - seqlen_q,
         min(max(window_left, 0), reach), min(max(window_right, 0), reach), ROW_TILE=layout.row_tile,
         COL_TILE=layout.col_tile,
         WORDS_PER_TILE=layout.words_per_tile, ROW_BLOCKS=row_blocks_per_program, TRANSPOSED=layout.transposed,
-        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, num_warps=4)
+        HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0, HIGH_THRESHOLD=threshold >= 1 << 15, num_warps=4)

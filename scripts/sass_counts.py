@@ -102,6 +102,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heads-kv", type=int, default=4, help="K/V heads for 4 query heads (default 4: MHA)")
     ap.add_argument("--mask", choices=("ahead", "inline"), default="ahead",
                     help="dropout: read the mask drawn ahead (kernels/dropout_bits.py) or draw it in the kernel")
+    ap.add_argument("--save-sass", metavar="PATH", help="also write the SASS listing there")
     args = ap.parse_args(argv)
     os.environ["DASH_DROPOUT_MASK"] = args.mask
     if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
@@ -115,7 +116,11 @@ def main(argv=None) -> int:
             print(f"expected one SASS file, found {len(files)} in {dump}", file=sys.stderr)
             return 1
         with open(files[0]) as f:
-            counts = count(f.read())
+            sass = f.read()
+        counts = count(sass)
+        if args.save_sass:
+            with open(args.save_sass, "w") as f:
+                f.write(sass)
     print(f"{args.kernel} hdim{args.head_dim} {'full' if args.full else 'causal'} dropout={args.dropout}"
           + (f" mask={args.mask}" if args.dropout else "") + ": "
           + " ".join(f"{k}={v}" for k, v in counts.items()))

@@ -6,8 +6,11 @@ compiled on a GPU machine); tiles it leaves undrawn hold no visible score.
 """
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from dash_plugin.kernels.dropout_bits import BitLayout, pack, unpack
+from dash_plugin.kernels.dropout_bits_triton import _keep_lanes
 from dash_plugin.kernels.philox import dropout_keep_mask
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -68,19 +71,22 @@ SKIPPING = [(1024, 300, 128, 128, False), (700, 1024, 128, 80, True)]
 
 
 WINDOWS = {"full": (-1, -1), "causal": (-1, 0), "window": (100, 20), "huge-right": (-1, 2 ** 31 - 1)}
-DRAW_CASES = ([(*lay, w) for lay in LAYOUTS for w in ("full", "causal", "window")]
-              + [(*lay, w) for lay in SKIPPING for w in ("causal", "window")] + [(*LAYOUTS[3], "huge-right")])
+DRAW_CASES = ([(*lay, w, 0.2) for lay in LAYOUTS for w in ("full", "causal", "window")]
+              + [(*lay, w, 0.2) for lay in SKIPPING for w in ("causal", "window")]
+              + [(*LAYOUTS[3], "huge-right", 0.2)]
+              # thresholds with the top bit set (p >= 0.5) take the other branch of _keep_lanes
+              + [(*LAYOUTS[0], "causal", 0.5), (*LAYOUTS[3], "full", 0.75)])
 
 
-@pytest.mark.parametrize("rows, cols, row_tile, col_tile, transposed, window", DRAW_CASES)
-def test_triton_kernel_draws_the_packed_mask(rows, cols, row_tile, col_tile, transposed, window):
+@pytest.mark.parametrize("rows, cols, row_tile, col_tile, transposed, window, p", DRAW_CASES)
+def test_triton_kernel_draws_the_packed_mask(rows, cols, row_tile, col_tile, transposed, window, p):
     window = WINDOWS[window]
     from dash_plugin.kernels import dropout_bits_triton
     from dash_plugin.kernels.philox import dropout_threshold
     layout = BitLayout(rows, cols, row_tile, col_tile, transposed)
-    seed, p, batch, heads = 2 ** 40 + 99, 0.2, 2, 2
+    seed, batch, heads = 2 ** 40 + 99, 2, 2
     # Every word starts as -1, so a record the kernel leaves undrawn is seen as such (a drawn
-    # record of all-kept bits at p = 0.2 has probability 0.8 ** 256).
+    # record of all-kept bits at p >= 0.2 has probability at most 0.8 ** 256).
     got = torch.full(layout.shape(batch, heads), -1, dtype=torch.int32, device=DEVICE)
     dropout_bits_triton.launch(got, seed, dropout_threshold(p), heads, layout, *window)
     got = got.cpu()
@@ -113,6 +119,30 @@ def test_triton_kernel_draws_the_packed_mask(rows, cols, row_tile, col_tile, tra
         assert undrawn == 0
     elif (rows, cols, row_tile, col_tile, transposed) in SKIPPING:
         assert undrawn > 0, "nothing skipped where whole tiles are outside the mask"
+
+
+@triton.jit
+def _lanes_kernel(words, out, lanes_threshold, HIGH_THRESHOLD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    w = tl.load(words + offs).to(tl.uint32, bitcast=True)
+    tl.store(out + offs, _keep_lanes(w, lanes_threshold, HIGH_THRESHOLD).to(tl.int32, bitcast=True))
+
+
+@pytest.mark.parametrize("threshold", [1, 6554, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFF])
+def test_both_lanes_of_a_word_compare_like_two_compares(threshold):
+    """_keep_lanes against `draw >= threshold` for every 16-bit draw in both lanes of a word."""
+    low = torch.arange(1 << 16, dtype=torch.int64)
+    high = (low * 40503 + 12345) % (1 << 16)          # every value in the high lane too, shuffled
+    words = low | (high << 16)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32).to(DEVICE)
+    out = torch.empty_like(words)
+    block = 1024
+    _lanes_kernel[(words.numel() // block,)](words, out, (threshold & 0x7FFF) * 0x10001,
+                                     HIGH_THRESHOLD=threshold >= 1 << 15, BLOCK=block)
+    out = out.cpu().to(torch.int64) & 0xFFFFFFFF
+    assert torch.equal((out >> 15) & 1 == 1, low >= threshold)
+    assert torch.equal((out >> 31) & 1 == 1, high >= threshold)
+    assert torch.equal(out & ~0x80008000, torch.zeros_like(out))
 
 
 def test_draw_ahead_is_opt_in_and_bounded(monkeypatch):

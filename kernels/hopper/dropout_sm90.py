@@ -28,7 +28,7 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass import Float32, Int32, Uint32, Uint64, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
@@ -56,11 +56,14 @@ def params_tensor(seed: int, dropout_p: float, device) -> torch.Tensor:
 
 
 @dsl_user_op
-def _mulhi(a, b, *, loc=None, ip=None) -> Uint32:
-    return Uint32(llvm.inline_asm(
-        T.i32(), [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)],
-        "mul.hi.u32 $0, $1, $2;", "=r,r,r",
+def _mulwide(a, b, *, loc=None, ip=None) -> tuple[Uint32, Uint32]:
+    """(high, low) words of the 64-bit product a * b. One `mul.wide.u32` (IMAD.WIDE.U32) where
+    mul.hi and mul.lo apart are two multiplies on the same inputs."""
+    wide = Uint64(llvm.inline_asm(
+        T.i64(), [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)],
+        "mul.wide.u32 $0, $1, $2;", "=l,r,r",
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+    return Uint32(wide >> Uint64(32)), Uint32(wide)
 
 
 PHILOX_ROUNDS = 10   # the mask's; scripts/gpu_dropout_probe.py times 7 (a different mask)
@@ -69,8 +72,8 @@ PHILOX_ROUNDS = 10   # the mask's; scripts/gpu_dropout_probe.py times 7 (a diffe
 def _philox(c0, c1, c2, c3, k0, k1):
     """Philox4x32-10 of kernels/philox.py, unrolled at trace time."""
     for _ in range(PHILOX_ROUNDS):
-        hi_b, lo_b = _mulhi(_ROUND_B, c2), Uint32(_ROUND_B) * c2
-        hi_a, lo_a = _mulhi(_ROUND_A, c0), Uint32(_ROUND_A) * c0
+        hi_b, lo_b = _mulwide(_ROUND_B, c2)
+        hi_a, lo_a = _mulwide(_ROUND_A, c0)
         c0, c1, c2, c3 = hi_b ^ c1 ^ k0, lo_b, hi_a ^ c3 ^ k1, lo_a
         k0, k1 = k0 + Uint32(_KEY_A), k1 + Uint32(_KEY_B)
     return c0, c1, c2, c3
