@@ -192,7 +192,7 @@ def philox(seed, c0, c1, c2, c3):
     two products taken as one 32x32->64-bit multiply (IMAD.WIDE.U32 on sm90). ``tl.philox``
     asks for the high and low halves apart, which ptxas leaves as two multiplies when the
     factor is an immediate: 40 instead of 20 per call."""
-    seed = tl.to_tensor(seed).to(tl.uint64)
+    seed = seed.to(tl.uint64)
     k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
     k1 = (seed >> 32).to(tl.uint32)
     c0 = c0.to(tl.uint32, bitcast=True)
