@@ -14,15 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import philox as _philox_ref
 from .varlen import seqlens_of
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-_ROUND_A = tl.constexpr(_philox_ref._ROUND_A)
-_ROUND_B = tl.constexpr(_philox_ref._ROUND_B)
-_KEY_A = tl.constexpr(_philox_ref._KEY_A)
-_KEY_B = tl.constexpr(_philox_ref._KEY_B)
 
 
 def interpreting() -> bool:
@@ -187,28 +182,6 @@ def tanh(x):
 
 
 @triton.jit
-def philox(seed, c0, c1, c2, c3):
-    """Philox4x32-10 of kernels/philox.py (the same words as ``tl.philox``), with each round's
-    two products taken as one 32x32->64-bit multiply (IMAD.WIDE.U32 on sm90). ``tl.philox``
-    asks for the high and low halves apart, which ptxas leaves as two multiplies when the
-    factor is an immediate: 40 instead of 20 per call."""
-    seed = seed.to(tl.uint64)
-    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
-    k1 = (seed >> 32).to(tl.uint32)
-    c0 = c0.to(tl.uint32, bitcast=True)
-    c1 = c1.to(tl.uint32, bitcast=True)
-    c2 = c2.to(tl.uint32, bitcast=True)
-    c3 = c3.to(tl.uint32, bitcast=True)
-    for _ in tl.static_range(10):
-        b = c2.to(tl.uint64) * _ROUND_B
-        a = c0.to(tl.uint64) * _ROUND_A
-        c0, c1, c2, c3 = (b >> 32).to(tl.uint32) ^ c1 ^ k0, b.to(tl.uint32), (a >> 32).to(tl.uint32) ^ c3 ^ k1, a.to(tl.uint32)
-        k0 = k0 + _KEY_A
-        k1 = k1 + _KEY_B
-    return c0, c1, c2, c3
-
-
-@triton.jit
 def _dropout_keep_each(seed, r, c, head, batch, threshold):
     """`dropout_keep` element by element: one Philox call per element (8x the work of the grouped
     path), for tiles too small to hold whole 16x16 blocks. ``r``/``c`` broadcast like in
@@ -216,7 +189,7 @@ def _dropout_keep_each(seed, r, c, head, batch, threshold):
     zero = r * 0 + c * 0
     i = zero + r
     j = zero + c
-    w0, w1, w2, w3 = philox(seed, j & ~9, i & ~8, zero + head, zero + batch)
+    w0, w1, w2, w3 = tl.philox(seed, j & ~9, i & ~8, zero + head, zero + batch)
     hi_j = (j & 8) != 0
     w = tl.where((i & 8) != 0, tl.where(hi_j, w3, w2), tl.where(hi_j, w1, w0))
     draw = tl.where((j & 1) != 0, w >> 16, w & 0xFFFF)
@@ -247,7 +220,7 @@ def dropout_keep(seed, m0, n0, head, batch, threshold,
         rows = m0 + (ar // 8) * 16 + ar % 8           # anchor (r16, rlo): row r16*16 + rlo
         cols = n0 + (ac // 4) * 16 + (ac % 4) * 2     # anchor (c16, cmid): column c16*16 + cmid*2
         zero = rows[:, None] * 0 + cols[None, :] * 0
-        w0, w1, w2, w3 = philox(seed, zero + cols[None, :], zero + rows[:, None], zero + head, zero + batch)
+        w0, w1, w2, w3 = tl.philox(seed, zero + cols[None, :], zero + rows[:, None], zero + head, zero + batch)
         # Word 2*bit3(row) + bit3(col), half bit0(col): the joins append the axes
         # (bit0(col), bit3(col), bit3(row)) in that order.
         keep = tl.join(tl.join(_keep_halves(w0, threshold), _keep_halves(w1, threshold)),

@@ -6,12 +6,44 @@ whole (contiguous int32 words, so the stores coalesce)."""
 import triton
 import triton.language as tl
 
-from ._triton_common import philox
+from . import philox as _philox_ref
 from .dropout_bits import BitLayout
 
 # 16-row blocks per program: 128 elements, one per thread of 4 warps (a transposed element
 # makes two lanes' records)
 ROW_BLOCKS_PER_PROGRAM = {False: 4, True: 8}
+
+
+_ROUND_A = tl.constexpr(_philox_ref._ROUND_A)
+_ROUND_B = tl.constexpr(_philox_ref._ROUND_B)
+_KEY_A = tl.constexpr(_philox_ref._KEY_A)
+_KEY_B = tl.constexpr(_philox_ref._KEY_B)
+
+
+@triton.jit
+def philox(seed, c0, c1, c2, c3):
+    """Philox4x32-10 of kernels/philox.py (the same words as ``tl.philox``), with each round's
+    two products taken as one 32x32->64-bit multiply (IMAD.WIDE.U32 on sm90). ``tl.philox``
+    asks for the high and low halves apart, which ptxas leaves as two multiplies when the
+    factor is an immediate: 40 instead of 20 per call.
+
+    Only this kernel uses it. In the Triton attention kernels (kernels/_triton_common.py) the
+    same function gave wrong masks at head dim 128 on an H100 with triton 3.6 (head dim 64 and
+    this kernel right; not understood), so they keep ``tl.philox``."""
+    seed = seed.to(tl.uint64)
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = (seed >> 32).to(tl.uint32)
+    c0 = c0.to(tl.uint32, bitcast=True)
+    c1 = c1.to(tl.uint32, bitcast=True)
+    c2 = c2.to(tl.uint32, bitcast=True)
+    c3 = c3.to(tl.uint32, bitcast=True)
+    for _ in tl.static_range(10):
+        b = c2.to(tl.uint64) * _ROUND_B
+        a = c0.to(tl.uint64) * _ROUND_A
+        c0, c1, c2, c3 = (b >> 32).to(tl.uint32) ^ c1 ^ k0, b.to(tl.uint32), (a >> 32).to(tl.uint32) ^ c3 ^ k1, a.to(tl.uint32)
+        k0 = k0 + _KEY_A
+        k1 = k1 + _KEY_B
+    return c0, c1, c2, c3
 
 
 @triton.jit

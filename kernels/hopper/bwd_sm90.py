@@ -63,6 +63,11 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     (`_launch_head_by_head`), which its groups need to be co-resident.
     """
 
+    # Switches for scripts/gpu_dq_chain_probe.py, which times what each half of the ordered add
+    # costs by turning it off (the bits are then no longer ordered); always on in the product.
+    WAIT_FOR_RANK = True      # acquire: wait until the tile's counter equals this add's rank
+    WAIT_FOR_LANDING = True   # release only once the add has landed in global memory
+
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
                  dropout: bool = False, keep_bits: bool = False, **kwargs):
         self.kv_descending = kv_descending
@@ -179,7 +184,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                 cute.arch.cp_async_bulk_wait_group(chunks - 1 - c, read=True)
             cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + c,
                                      number_of_threads=handshake)
-        if const_expr(self.deterministic):
+        if const_expr(self.deterministic and self.WAIT_FOR_RANK):
             barrier.wait_eq(counters[(m_block, None)].iterator, lane, 0, rank)
         for c in cutlass.range_constexpr(chunks):
             cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFullWG0) + c, number_of_threads=handshake)
@@ -189,7 +194,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             cute.arch.cp_async_bulk_commit_group()
         if const_expr(self.deterministic):
             # read=False: the add has landed in global memory, not only left shared memory.
-            cute.arch.cp_async_bulk_wait_group(0, read=False)
+            cute.arch.cp_async_bulk_wait_group(0, read=not self.WAIT_FOR_LANDING)
             barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
 
 

@@ -1,0 +1,77 @@
+"""What the ordered dQ add costs in the Hopper backward, split into its two waits. For each point
+it times, on the same inputs in one process:
+
+  atomic        the non-deterministic backward (unordered bulk adds);
+  ordered       the product: wait for the rank, add, wait until the add has landed, release;
+  no-rank-wait  the same without the acquire wait (the adds land in any order);
+  no-landing    with the acquire wait, but the release as soon as shared memory is read;
+  neither       both off.
+
+Variants other than `ordered` and `atomic` give unordered bits and exist only to be timed
+(OrderedBackwardSm90.WAIT_FOR_RANK / WAIT_FOR_LANDING). If `no-rank-wait` is near `atomic`, the
+time goes to waiting for one's turn (the schedule's business); if `no-landing` is, to the round
+trip of each add to global memory before the next contributor may start (the protocol's).
+
+    python scripts/gpu_dq_chain_probe.py OUT_DIR
+
+Writes OUT_DIR/dq_chain.json and prints one line per point (backward TFLOP/s).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from dash_plugin import dispatch  # noqa: E402
+from dash_plugin.bench.protocol import bwd_flops  # noqa: E402
+from dash_plugin.kernels.hopper import bwd_sm90, fwd_sm90  # noqa: E402
+
+# (head dim, causal, seqlen, schedule): the Hopper table's choice at each point
+POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (128, False, 1024, "shift"),
+          (128, False, 4096, "ascending"), (64, False, 2048, "ascending")]
+VARIANTS = {"ordered": (True, True), "no-rank-wait": (False, True), "no-landing": (True, False),
+            "neither": (False, False), "atomic": (True, True)}
+
+
+def main(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    inputs = {}
+    for hd, causal, s, _ in POINTS:
+        heads, batch = 2048 // hd, 16384 // s
+        g = torch.Generator(device="cuda").manual_seed(s + hd)
+        q, k, v, do = (torch.randn(batch, s, heads, hd, device="cuda", dtype=torch.bfloat16, generator=g)
+                       for _ in range(4))
+        out, lse = fwd_sm90.attention_forward(q, k, v, softmax_scale=hd ** -0.5, causal=causal)
+        inputs[(hd, causal, s)] = (q, k, v, do, out, lse)
+    results = {f"hdim{hd} {'causal' if c else 'full'} {s} {sched}": {} for hd, c, s, sched in POINTS}
+    # Variant outermost: the switches are class attributes read at compile time, so each variant
+    # compiles its configurations once.
+    for variant, (rank_wait, landing_wait) in VARIANTS.items():
+        bwd_sm90.OrderedBackwardSm90.WAIT_FOR_RANK = rank_wait
+        bwd_sm90.OrderedBackwardSm90.WAIT_FOR_LANDING = landing_wait
+        bwd_sm90._compiled.clear()
+        for hd, causal, s, sched in POINTS:
+            q, k, v, do, out, lse = inputs[(hd, causal, s)]
+            schedule = "atomic" if variant == "atomic" else sched
+            call = lambda: dispatch.attention_backward(  # noqa: E731
+                do, q, k, v, out, lse, softmax_scale=hd ** -0.5, causal=causal, schedule=schedule,
+                backend="hopper", deterministic=schedule != "atomic")
+            call()
+            ms = triton.testing.do_bench(call, warmup=25, rep=100)
+            flops = bwd_flops(q.shape[0], q.shape[2], s, hd, causal)
+            name = f"hdim{hd} {'causal' if causal else 'full'} {s} {sched}"
+            results[name][variant] = round(flops / ms / 1e9, 1)
+            print(f"{variant:12s} {name}: {results[name][variant]}", flush=True)
+    bwd_sm90.OrderedBackwardSm90.WAIT_FOR_RANK = bwd_sm90.OrderedBackwardSm90.WAIT_FOR_LANDING = True
+    for name, row in results.items():
+        print(name, " ".join(f"{k}={v} ({v / row['atomic']:.2f}x atomic)" for k, v in row.items()))
+    with open(os.path.join(out_dir, "dq_chain.json"), "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
