@@ -9,12 +9,11 @@ score; the attention kernel loads one 32-bit word per 64 scores of a row pair an
 The memory is about B * H * S_q * S_k / 8 bytes, allocated for one kernel and freed after it:
 the forward and the backward each draw their own, so nothing is held from one to the other.
 
-Measured on an H100 (docs/benchmarks/dropout-ahead-2026-11-23-h100/): the attention kernels'
-own cost of dropout falls (hdim 128, 4k: forward 1.78x -> about 1.2-1.3x the time without,
-backward 1.1-1.3x -> 1.07-1.10x), but this Triton drawing kernel takes 0.3-0.6 ms per call,
-about as long as the forward itself, so forward + backward is slower at most points than with
-the mask drawn inline. It is therefore opt-in (`draw_ahead`); a drawing kernel several times
-faster would make it the better path.
+Measured on an H100 (docs/benchmarks/dropout-ahead-2026-11-23-h100/, dropout-draw-2026-11-23-h100/):
+the attention kernels' own cost of dropout falls (hdim 128, 4k: forward 1.78x -> about 1.2-1.3x the
+time without, backward 1.1-1.3x -> 1.03-1.10x), but the drawing kernel takes 0.28-0.54 ms per call
+at 4k, bound by the integer multiplier that Philox needs. End to end that wins at full masks and
+at hdim 64 from 4k and loses at hdim 128 causal, so it is opt-in (`draw_ahead`).
 
 Layout (`BitLayout`): the kernel's score tile is seen in its own orientation, rows x cols
 (forward: queries x keys; backward, which computes S^T: keys x queries). A `wgmma` accumulator
