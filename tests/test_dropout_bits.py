@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from dash_plugin.kernels.dropout_bits import BitLayout, pack, unpack
-from dash_plugin.kernels.dropout_bits_triton import _keep_lanes
+from dash_plugin.kernels.dropout_bits_triton import _keep_lanes, philox
 from dash_plugin.kernels.philox import dropout_keep_mask
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -143,6 +143,35 @@ def test_both_lanes_of_a_word_compare_like_two_compares(threshold):
     assert torch.equal((out >> 15) & 1 == 1, low >= threshold)
     assert torch.equal((out >> 31) & 1 == 1, high >= threshold)
     assert torch.equal(out & ~0x80008000, torch.zeros_like(out))
+
+
+@triton.jit
+def _philox_pair_kernel(ours, theirs, seed, head, batch, M: tl.constexpr, N: tl.constexpr):
+    r = tl.arange(0, M)[:, None]
+    c = tl.arange(0, N)[None, :]
+    zero = r * 0 + c * 0
+    off = r * N + c
+    a = philox(seed, zero + c, zero + r, zero + head, zero + batch)
+    b = tl.philox(seed, zero + c, zero + r, zero + head, zero + batch)
+    for i in tl.static_range(4):
+        tl.store(ours + i * M * N + off, a[i].to(tl.int32, bitcast=True))
+        tl.store(theirs + i * M * N + off, b[i].to(tl.int32, bitcast=True))
+
+
+@pytest.mark.parametrize("seed", [20240611, 2 ** 40 + 99, 2 ** 64 - 1])
+def test_drawing_kernels_philox_gives_the_words_of_tl_philox(seed):
+    """The drawing kernel's Philox (one widening multiply per product) against Triton's own, on a
+    2-D tile like the attention kernels' anchor grids, and against kernels/philox.py."""
+    from dash_plugin.kernels.philox import philox as reference
+    m, n = 64, 16
+    ours = torch.empty(4 * m * n, dtype=torch.int32, device=DEVICE)
+    theirs = torch.empty_like(ours)
+    _philox_pair_kernel[(1,)](ours, theirs, seed, 3, 1, M=m, N=n)
+    assert torch.equal(ours, theirs)
+    rows, cols = torch.arange(m)[:, None], torch.arange(n)[None, :]
+    want = torch.stack([w.reshape(-1) for w in reference(seed, cols, rows, 3, 1)])
+    want = torch.where(want >= 1 << 31, want - (1 << 32), want).to(torch.int32)
+    assert torch.equal(ours.cpu().reshape(4, -1), want)
 
 
 def test_draw_ahead_is_opt_in_and_bounded(monkeypatch):
