@@ -27,7 +27,7 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from dash_plugin import dispatch  # noqa: E402
-from dash_plugin.bench.protocol import bwd_flops  # noqa: E402
+from dash_plugin.bench.protocol import bwd_flops, random_inputs  # noqa: E402
 from dash_plugin.kernels.hopper import bwd_sm90, fwd_sm90  # noqa: E402
 
 # (head dim, causal, seqlen, schedule): the Hopper table's choice at each point
@@ -41,10 +41,7 @@ def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     inputs = {}
     for hd, causal, s, _ in POINTS:
-        heads, batch = 2048 // hd, 16384 // s
-        g = torch.Generator(device="cuda").manual_seed(s + hd)
-        q, k, v, do = (torch.randn(batch, s, heads, hd, device="cuda", dtype=torch.bfloat16, generator=g)
-                       for _ in range(4))
+        q, k, v, do = random_inputs(hd, s, 4)
         out, lse = fwd_sm90.attention_forward(q, k, v, softmax_scale=hd ** -0.5, causal=causal)
         inputs[(hd, causal, s)] = (q, k, v, do, out, lse)
     results = {f"hdim{hd} {'causal' if c else 'full'} {s} {sched}": {} for hd, c, s, sched in POINTS}

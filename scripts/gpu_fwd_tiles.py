@@ -19,7 +19,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from dash_plugin.bench.protocol import fwd_flops  # noqa: E402
+from dash_plugin.bench.protocol import fwd_flops, random_inputs  # noqa: E402
 from dash_plugin.kernels.hopper import fwd_sm90  # noqa: E402
 
 # (tile_m, tile_n, mma_pv_is_rs, intra_wg_overlap); None is FA4's own choice
@@ -46,11 +46,8 @@ def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     rows = []
     for hd, causal, s in POINTS:
-        heads, batch = 2048 // hd, 16384 // s
-        g = torch.Generator(device="cuda").manual_seed(s + hd)
-        q, k, v = (torch.randn(batch, s, heads, hd, device="cuda", dtype=torch.bfloat16, generator=g)
-                   for _ in range(3))
-        flops = fwd_flops(batch, heads, s, hd, causal)
+        q, k, v = random_inputs(hd, s, 3)
+        flops = fwd_flops(q.shape[0], q.shape[2], s, hd, causal)
         row = dict(head_dim=hd, causal=causal, seqlen=s)
         reference = None
         for tiles in ALTERNATIVES[hd]:

@@ -9,7 +9,7 @@ import sys
 import torch
 import triton
 
-from dash_plugin.bench.protocol import fwd_flops
+from dash_plugin.bench.protocol import fwd_flops, random_inputs
 from dash_plugin.kernels import attn_fwd
 
 POINTS = [(hd, causal, s) for hd in (64, 128) for causal in (True, False) for s in (512, 2048, 8192, 16384)]
@@ -28,9 +28,8 @@ def main(out_dir):
     os.makedirs(out_dir, exist_ok=True)
     rows = []
     for hd, causal, s in POINTS:
-        heads, batch = 2048 // hd, 16384 // s
-        g = torch.Generator(device="cuda").manual_seed(s + hd)
-        q, k, v = (torch.randn(batch, s, heads, hd, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        q, k, v = random_inputs(hd, s, 3)
+        batch, heads = q.shape[0], q.shape[2]
         use_tma(True)
         a = forward(q, k, v, causal)
         use_tma(False)

@@ -684,3 +684,13 @@ def test_dropout_targets_and_report_on_synthetic_results(tmp_path):
     other = dict(res, config=dict(res["config"], dropout_p=0.3))
     with pytest.raises(ValueError, match="different --dropout"):
         report.merge_results([res, other], ["a", "b"])
+
+
+def test_random_inputs_have_the_points_shape_and_repeat():
+    from dash_plugin.bench.protocol import random_inputs
+    a = random_inputs(64, 1024, 2, device="cpu")
+    b = random_inputs(64, 1024, 2, device="cpu")
+    assert [t.shape for t in a] == [torch.Size([16, 1024, 32, 64])] * 2
+    assert all(t.dtype == torch.bfloat16 for t in a)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert not torch.equal(a[0], a[1])

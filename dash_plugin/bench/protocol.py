@@ -109,6 +109,15 @@ def heads_for(hdim: int) -> int:
     return MODEL_DIM // hdim
 
 
+def random_inputs(hdim: int, seqlen: int, count: int, device="cuda"):
+    """`count` bf16 (batch, seqlen, heads, hdim) tensors of the point's shape, from a generator
+    seeded by the point, so every script that times a point sees the same inputs."""
+    import torch
+    g = torch.Generator(device=device).manual_seed(seqlen + hdim)
+    shape = (batch_for(seqlen), seqlen, heads_for(hdim), hdim)
+    return tuple(torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=g) for _ in range(count))
+
+
 def protocol_point(hdim: int, seqlen: int, causal: bool, *, gqa: int = 1) -> Point:
     heads = heads_for(hdim)
     if heads % gqa:
