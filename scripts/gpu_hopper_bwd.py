@@ -7,7 +7,7 @@ Stages (each prints as it goes, so a run cut by its time limit still says how fa
   det    N backward passes per schedule, bitwise equal, while a side stream runs matmuls;
   time   backward TFLOP/s per schedule next to FA4 deterministic / non-deterministic and our
          Triton `split`, all on the same inputs in this process (2.5 x forward FLOPs).
-Usage: python3 scripts/gpu_hopper_bwd.py [--stages check,det,time] [--passes N] [--out DIR]
+Usage: python3 scripts/gpu_hopper_bwd.py [--stages check,det,time] [--passes N] [--masks causal,full] [--out DIR]
 """
 import argparse
 import json
@@ -59,9 +59,10 @@ def have_fa4():
 
 
 def schedules_for(causal):
-    """The registry's schedules the Hopper backend runs (the causal shift runs on Triton only)."""
+    """The registry's schedules the Hopper backend runs (the causal shift runs on Triton only;
+    arrival is for causal masks and falls back to descending under full ones)."""
     return tuple(s for s in registry.names() if "hopper" in registry.get(s).backends
-                 and not (causal and s == "shift"))
+                 and not (causal and s == "shift") and (causal or s != "arrival"))
 
 
 def stage_check(results):
@@ -139,10 +140,10 @@ def bench_ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def stage_time(results, hdims, seqlens, gqa):
+def stage_time(results, hdims, seqlens, gqa, masks):
     fa4 = have_fa4()
     for d in hdims:
-        for causal in (True, False):
+        for causal in [m == "causal" for m in masks]:
             for s in seqlens:
                 b, hq = 16384 // s, 2048 // d
                 hkv = hq // gqa
@@ -179,6 +180,7 @@ def main():
     ap.add_argument("--hdims", default="128,64")
     ap.add_argument("--seqlens", default="1024,2048,4096,8192,16384")
     ap.add_argument("--gqa", type=int, default=1)
+    ap.add_argument("--masks", default="causal,full", help="time stage: causal, full or both")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
@@ -199,7 +201,8 @@ def main():
         if "det" in stages:
             stage_det(results, a.passes)
         if "time" in stages:
-            stage_time(results, [int(x) for x in a.hdims.split(",")], [int(x) for x in a.seqlens.split(",")], a.gqa)
+            stage_time(results, [int(x) for x in a.hdims.split(",")], [int(x) for x in a.seqlens.split(",")], a.gqa,
+                       a.masks.split(","))
     finally:
         with open(os.path.join(a.out, f"hopper_bwd_{'_'.join(stages)}.json"), "w") as f:
             json.dump(results, f, indent=1)

@@ -47,7 +47,8 @@ def _fake_draw(seed, dropout_p, batch, heads, layout, *_window, device=None):
     return torch.empty(layout.shape(batch, heads), dtype=torch.int32, device=device)
 
 
-def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int) -> None:
+def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int,
+             schedule: str = "descending") -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -77,7 +78,6 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
         lambda t, leading_dim, alignment, stride_order: bwd_sm90.to_cute_tensor(
             t, assumed_align=alignment, leading_dim=leading_dim))
     bwd_sm90.cute.compile = _without_launch(bwd_sm90.cute.compile)
-    schedule = "descending"
     fake = FakeTensorMode()
     with fake:
         q, k = inputs()
@@ -103,6 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mask", choices=("ahead", "inline"), default="ahead",
                     help="dropout: read the mask drawn ahead (kernels/dropout_bits.py) or draw it in the kernel")
     ap.add_argument("--save-sass", metavar="PATH", help="also write the SASS listing there")
+    ap.add_argument("--schedule", default="descending", help="bwd: the deterministic schedule compiled (default descending)")
     args = ap.parse_args(argv)
     os.environ["DASH_DROPOUT_MASK"] = args.mask
     if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump)
-        _compile(args.kernel, args.head_dim, not args.full, args.dropout, args.heads_kv)
+        _compile(args.kernel, args.head_dim, not args.full, args.dropout, args.heads_kv, args.schedule)
         files = glob.glob(os.path.join(dump, "*.sass"))
         if len(files) != 1:
             print(f"expected one SASS file, found {len(files)} in {dump}", file=sys.stderr)

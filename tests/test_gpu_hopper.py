@@ -181,13 +181,15 @@ def test_the_order_fa4_also_runs_gives_fa4s_bits(causal, gqa):
     ("shift", False, 16384, 64, (-1, -1)),
     ("ascending", True, 2048, 128, (300, 0)), ("spt", True, 2048, 128, (256, 0)),
     ("descending", False, 2048, 128, (128, 128)), ("descending", False, 2048, 64, (-1, 200)),
-    ("ascending", False, 2048, 64, (300, -1))],
+    ("ascending", False, 2048, 64, (300, -1)), ("arrival", True, 2048, 128, (-1, -1)),
+    ("arrival", True, 8192, 64, (-1, -1))],
     ids=lambda x: x if isinstance(x, str) else str(x))
 def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, seqlen, head_dim, window):
     """The kernel computes the visit order and ranks (bwd_sm90._visit); reading the plan's tables
     instead must add every dQ tile in the same order, so the bits are equal. The shift cases
-    include a whole-head group of 64 KV tiles (8k, hdim 128) and groups split evenly (16k); the
-    windowed ones check the ranks counted from each row's first visible KV tile."""
+    include a whole-head group of 64 KV tiles (8k, hdim 128) and groups split evenly (16k), the
+    arrival cases a whole-head group of 16 and of 64 KV tiles; the windowed ones check the ranks
+    counted from each row's first visible KV tile."""
     import dataclasses
     from dash_plugin.kernels.hopper import bwd_sm90
     from tests.test_hopper_tables import plan_tables
@@ -218,7 +220,7 @@ def loaded_gpu():
 
 
 @pytest.mark.parametrize("schedule, causal", [(s, c) for s in ORDERED for c in (True, False)
-                                               if not (c and s == "shift")],
+                                               if not (c and s == "shift") and (c or s != "arrival")],
                          ids=lambda x: x if isinstance(x, str) else ("causal" if x else "full"))
 def test_bitwise_equal_over_many_passes_under_another_process(loaded_gpu, schedule, causal):
     problems, unloaded, load = loaded_gpu
@@ -235,7 +237,7 @@ def test_atomic_differs_between_passes():
     assert count_mismatching_passes(lambda: backward(p, "atomic"), 50) > 0
 
 
-@pytest.mark.parametrize("schedule", ("descending", "spt"))
+@pytest.mark.parametrize("schedule", ("descending", "spt", "arrival"))
 def test_same_bits_while_other_work_occupies_sms(schedule):
     """Far more CTAs than SMs (4 x 16 heads x 32 KV tiles) launched while matmuls hold SMs: the
     plan's order, not the free SMs, decides the bits."""

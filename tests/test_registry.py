@@ -13,15 +13,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_builtin_entries():
-    assert registry.names() == ("atomic", "ascending", "spt", "descending", "shift", "split")
+    assert registry.names() == ("atomic", "ascending", "spt", "descending", "shift", "arrival", "split")
     assert registry.names(deterministic=False) == ("atomic",)
     modes = {s.name: s.kernel_mode for s in registry.specs()}
     assert modes == {"atomic": "atomic", "ascending": "ordered", "spt": "ordered", "descending": "ordered",
-                     "shift": "ordered", "split": "split"}
-    assert [s.name for s in registry.specs() if s.ordered] == ["ascending", "spt", "descending", "shift"]
+                     "shift": "ordered", "arrival": "ordered", "split": "split"}
+    assert [s.name for s in registry.specs() if s.ordered] == ["ascending", "spt", "descending", "shift", "arrival"]
     assert [s.name for s in registry.specs() if s.reduction_free] == ["split"]
     assert {s.name: s.backends for s in registry.specs()} == {
-        **{n: ("reference", "triton", "hopper") for n in ("atomic", "ascending", "spt", "descending", "shift")},
+        **{n: ("reference", "triton", "hopper")
+           for n in ("atomic", "ascending", "spt", "descending", "shift", "arrival")},
         "split": ("reference", "triton")}
     assert dash_plugin.SCHEDULES == {"auto": registry.AUTO_DESCRIPTION,
                                      **{s.name: s.description for s in registry.specs()}}

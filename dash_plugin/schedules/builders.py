@@ -126,6 +126,14 @@ def _visits_spt(geo):
     return [(w, [(n - 1 - w, _kv_range(geo, n - 1 - w))]) for w in range(n)]
 
 
+def _visits_arrival(geo, g):
+    """Ascending visits, KV tiles launched from the first up in groups of g: under a causal mask
+    KV tile j reaches row m at step m - lo_j, a different step for every j, so the rank rule's
+    (group, step, worker) gives each dQ tile's adds in arrival order and nobody waits in
+    lock-step inside a group."""
+    return [(j // g, [(j, _kv_range(geo, j))]) for j in range(geo.num_kv_tiles)]
+
+
 def _visits_shift_cyclic(geo, g):
     """Full mask: groups of g consecutive KV tiles; member l visits lo + ((l + t) mod L)."""
     visits = []
@@ -215,6 +223,22 @@ def build_shift(geo: SeqGeometry, group_size: int | None = None) -> SequenceSche
         g = group_size or default_group_size(n // 2)
         return ordered_sequence(geo, _visits_shift_symmetric(geo, g), "shift-symmetric", min(g, n // 2))
     return ordered_sequence(geo, _visits_descending(geo), f"descending (fallback: {reason})")
+
+
+def build_arrival(geo: SeqGeometry, group_size: int | None = None) -> SequenceSchedule:
+    """Causal masks: ascending visits, longest KV tile launched first, dQ adds in arrival order
+    inside a co-resident group (the whole head). Across groups the rank rule would make a later
+    group wait for the earlier one's last arrival (a staircase), so a head of more KV tiles than
+    one group holds falls back to `descending`; so do other masks, where tiles reach their first
+    rows together (full: the rank rule would give `ascending`'s order)."""
+    n = geo.num_kv_tiles
+    if not geo.is_causal:
+        return ordered_sequence(geo, _visits_descending(geo), "descending (fallback: not a causal mask)")
+    g = group_size or default_group_size(n)
+    if g < n:
+        return ordered_sequence(geo, _visits_descending(geo),
+                                f"descending (fallback: {n} KV tiles > group {g})")
+    return ordered_sequence(geo, _visits_arrival(geo, n), "arrival", max(n, 1))
 
 
 def build_atomic(geo: SeqGeometry, group_size: int | None = None) -> SequenceSchedule:

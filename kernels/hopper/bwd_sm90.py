@@ -56,10 +56,10 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     """FA4's sm90 backward with a dQ writer that adds in the plan's order.
 
     `visit` names the closed form of the order (visit_tables.CLOSED_FORMS) or is None: read the
-    plan's lists. `ascending` is FA4's own loop; `descending` and `shift` run FA4's
+    plan's lists. `ascending` and `arrival` are FA4's own loop; `descending` and `shift` run FA4's
     index-list loops with each Q tile computed instead of read (`_ComputedVisits`), so no table
     read sits on the producer's, the consumers' or the writer's path. A cyclic shift
-    (group_size > 1) is compiled with the KV tiles of one head launched after another
+    or arrival (group_size > 1) is compiled with the KV tiles of one head launched after another
     (`_launch_head_by_head`), which its groups need to be co-resident.
     """
 
@@ -126,7 +126,11 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         arithmetic as visit_tables.closed_form_visits (a CPU test checks that one against the
         plan, a GPU test this one against the tables)."""
         m_min, m_max = block_info.get_m_block_min_max(seqlen, n_block)
-        if const_expr(self.visit in ("ascending", "descending")):
+        if const_expr(self.visit == "arrival"):   # FA4's ascending loop, ranks in arrival order
+            m_block = m_min + step
+            n_max = block_info.get_n_block_min_max(seqlen, m_block)[1]
+            rank = n_max - 1 - n_block
+        elif const_expr(self.visit in ("ascending", "descending")):
             m_block = m_min + step if const_expr(self.visit == "ascending") else m_max - 1 - step
             n_min, n_max = block_info.get_n_block_min_max(seqlen, m_block)
             # KV tiles add in index order from the row's first visible one (n_min is a constant 0

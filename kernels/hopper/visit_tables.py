@@ -49,7 +49,7 @@ class VisitTables:
 # SMs, one CTA each). It is also the plan's MAX_GROUP, so the plan's default groups fit.
 RESIDENT_SLOTS = 64
 
-CLOSED_FORMS = ("ascending", "descending", "shift")
+CLOSED_FORMS = ("ascending", "descending", "shift", "arrival")
 
 
 def _launch_direction(kv_of_worker: list[int], n: int) -> bool:
@@ -95,6 +95,9 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
     - ascending: lo..hi; rank = kv minus the row's first visible KV tile (0 without a window),
       or under an spt launch (KV tiles from the last down) the last visible one minus kv;
     - descending: hi..lo; rank as ascending's;
+    - arrival (a whole head in one co-resident group): lo..hi, ranked in order of arrival, which
+      under a causal mask is the row's last visible KV tile first: rank = that tile minus kv
+      (the spt ranks, with the KV tiles launched from the first up);
     - shift (full masks, groups of G consecutive KV tiles from j0): member l = kv - j0 visits
       lo + (l + t) mod L at step t. The rank rule orders a dQ tile's adds by (group, step,
       member): the j0 adds of earlier groups come first, and inside the group member l arrives
@@ -110,6 +113,8 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
         return [(m, geo.q_range[m][1] - kv if kv_descending else kv - geo.q_range[m][0]) for m in rows]
     if visit == "descending":
         return [(m, kv - geo.q_range[m][0]) for m in reversed(rows)]
+    if visit == "arrival":
+        return [(m, geo.q_range[m][1] - kv) for m in rows]
     if visit == "shift":
         length = hi - lo + 1
         lane = kv % group_size
@@ -124,11 +129,14 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
 
 
 def _closed_form_of(seq, kv_descending: bool) -> str | None:
-    """The closed form that gives every visit and rank of `seq`, or None. Shift needs the
-    head-by-head launch, so only an ascending launch qualifies for it."""
+    """The closed form that gives every visit and rank of `seq`, or None. Shift and arrival need
+    the head-by-head launch, so only an ascending launch qualifies for them, and arrival only
+    with the whole head in one group (its ranks ignore groups)."""
     atomic = all(w.segments[0].ranks is None for w in seq.workers)
     for visit in CLOSED_FORMS:
         if visit != "ascending" and kv_descending:
+            continue
+        if visit == "arrival" and seq.group_size < len(seq.workers):
             continue
         ok = True
         for w in seq.workers:
