@@ -140,7 +140,7 @@ def bench_ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def stage_time(results, hdims, seqlens, gqa, masks):
+def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True):
     fa4 = have_fa4()
     for d in hdims:
         for causal in [m == "causal" for m in masks]:
@@ -152,21 +152,32 @@ def stage_time(results, hdims, seqlens, gqa, masks):
                 flops = 2.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
                 row = {"hdim": d, "causal": causal, "seqlen": s, "gqa": gqa}
                 impls = {f"cute-{x}": (lambda x=x: ours(x, q, k, v, out, lse, do, causal)) for x in schedules_for(causal)}
-                impls["triton-split"] = lambda: ours("split", q, k, v, out, lse, do, causal, backend="triton")
+                if triton_split:
+                    impls["triton-split"] = lambda: ours("split", q, k, v, out, lse, do, causal, backend="triton")
                 if fa4:
                     impls["fa4-det"] = lambda: fa4_bwd(q, k, v, out, lse, do, causal, True)
                     impls["fa4"] = lambda: fa4_bwd(q, k, v, out, lse, do, causal, False)
-                for name, fn in impls.items():
-                    try:
-                        row[name] = round(flops / bench_ms(fn) / 1e9, 1)
-                    except Exception as exc:  # noqa: BLE001
-                        row[name] = None
-                        print(f"  {name}: ERROR {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                det = [row[k_] for k_ in row if k_.startswith("cute-") and k_ != "cute-atomic" and row[k_]]
+                # Every column once per round, rounds interleaved, the median round kept: a slow
+                # spell of the GPU then hits all columns alike instead of one.
+                times = {name: [] for name in impls}
+                for _ in range(repeat):
+                    for name, fn in impls.items():
+                        if times[name] is None:
+                            continue
+                        try:
+                            times[name].append(bench_ms(fn))
+                        except Exception as exc:  # noqa: BLE001
+                            times[name] = None
+                            print(f"  {name}: ERROR {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                for name, ts in times.items():
+                    row[name] = None if not ts else round(flops / sorted(ts)[len(ts) // 2] / 1e9, 1)
+                    if ts and repeat > 1:
+                        row[f"{name} rounds"] = [round(flops / t / 1e9, 1) for t in ts]
+                det = [row[k_] for k_ in impls if k_.startswith("cute-") and k_ != "cute-atomic" and row[k_]]
                 best = max(det) if det else None
                 ratio = f" best/fa4-det {best / row['fa4-det']:.2f}" if best and row.get("fa4-det") else ""
                 print(f"time d{d} {'causal' if causal else 'full'} S{s} gqa{gqa}: "
-                      + " ".join(f"{k_}={v_}" for k_, v_ in row.items() if k_ not in ('hdim', 'causal', 'seqlen', 'gqa'))
+                      + " ".join(f"{k_}={row[k_]}" for k_ in impls)
                       + ratio, flush=True)
                 results["time"].append(row)
                 del q, k, v, do, out, lse
@@ -181,6 +192,8 @@ def main():
     ap.add_argument("--seqlens", default="1024,2048,4096,8192,16384")
     ap.add_argument("--gqa", type=int, default=1)
     ap.add_argument("--masks", default="causal,full", help="time stage: causal, full or both")
+    ap.add_argument("--repeat", type=int, default=1, help="time stage: interleaved rounds per point (median kept)")
+    ap.add_argument("--no-triton", action="store_true", help="time stage: leave out the Triton split column")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     props = torch.cuda.get_device_properties(0)
@@ -202,7 +215,7 @@ def main():
             stage_det(results, a.passes)
         if "time" in stages:
             stage_time(results, [int(x) for x in a.hdims.split(",")], [int(x) for x in a.seqlens.split(",")], a.gqa,
-                       a.masks.split(","))
+                       a.masks.split(","), a.repeat, not a.no_triton)
     finally:
         with open(os.path.join(a.out, f"hopper_bwd_{'_'.join(stages)}.json"), "w") as f:
             json.dump(results, f, indent=1)
