@@ -67,6 +67,9 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # costs by turning it off (the bits are then no longer ordered); always on in the product.
     WAIT_FOR_RANK = True      # acquire: wait until the tile's counter equals this add's rank
     WAIT_FOR_LANDING = True   # release only once the add has landed in global memory
+    # For scripts/gpu_dq_wait_probe.py: the dQ writer also sums the SM clock cycles it spends in
+    # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
+    RECORD_WAITS = False
 
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
                  dropout: bool = False, keep_bits: bool = False, **kwargs):
@@ -164,20 +167,20 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                 q_tiles = blocksparse_tensors.mask_block_idx[batch, head, n_block, None]
                 ranks = blocksparse_tensors.dq_write_order[batch, head, n_block, None]
                 for step in cutlass.range(blocksparse_tensors.mask_block_cnt[batch, head, n_block], unroll=1):
-                    self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane)
+                    self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane, n_block)
             else:
                 seqlen = SeqlenInfoCls(batch)
                 m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
                 for step in cutlass.range(m_block_max - m_block_min, unroll=1):
                     m_block, rank = self._visit(seqlen, block_info, n_block, step)
-                    self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane)
+                    self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane, n_block)
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
         if const_expr(not self.deterministic):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def _add_dq_tile(self, sdQaccum, gdQ, counters, m_block, rank, lane):
+    def _add_dq_tile(self, sdQaccum, gdQ, counters, m_block, rank, lane, n_block):
         """Add the consumers' fp32 dQ partial of Q tile `m_block` (in shared memory, one chunk
         per consumer warpgroup) to the global accumulator; ordered mode adds as number `rank`."""
         chunks = self.num_wg_dQ
@@ -189,17 +192,37 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + c,
                                      number_of_threads=handshake)
         if const_expr(self.deterministic and self.WAIT_FOR_RANK):
+            if const_expr(self.RECORD_WAITS):
+                started = cute.arch.clock()
             barrier.wait_eq(counters[(m_block, None)].iterator, lane, 0, rank)
+            if const_expr(self.RECORD_WAITS):
+                self._record(counters, cute.arch.clock() - started, (m_block, 1), (n_block, 2))
+        record = self.RECORD_WAITS and self.deterministic
+        if const_expr(record):
+            started = cute.arch.clock()
         for c in cutlass.range_constexpr(chunks):
             cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFullWG0) + c, number_of_threads=handshake)
             with cute.arch.elect_one():
                 copy_utils.cpasync_reduce_bulk_add_f32(
                     sdQaccum[None, c].iterator, gdQ[(None, c), m_block].iterator, self.tma_copy_bytes["dQ"])
             cute.arch.cp_async_bulk_commit_group()
+        if const_expr(record):   # waiting for the consumers' partial (and issuing it)
+            self._record(counters, cute.arch.clock() - started, (n_block, 4))
         if const_expr(self.deterministic):
             # read=False: the add has landed in global memory, not only left shared memory.
+            if const_expr(self.RECORD_WAITS):
+                started = cute.arch.clock()
             cute.arch.cp_async_bulk_wait_group(0, read=not self.WAIT_FOR_LANDING)
+            if const_expr(self.RECORD_WAITS):
+                self._record(counters, cute.arch.clock() - started, (n_block, 3))
             barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
+
+    @staticmethod
+    def _record(counters, cycles, *cells):
+        """One lane adds `cycles` to the counter cells (row, column) named (rows: Q or KV tiles)."""
+        with cute.arch.elect_one():
+            for row, col in cells:
+                fa4_utils.atomic_add_i32(cycles, counters[(row, None)].iterator + col)
 
 
     def mma_one_m_block(self, *args, **kwargs):
@@ -429,6 +452,12 @@ def softcap_mods(softcap: float):
     return fa4_utils.create_softcap_scoremod(softcap), fa4_utils.create_softcap_scoremod_bwd(softcap)
 
 
+# With RECORD_WAITS: each call's dQ counters (B, H, M, WAIT_COLUMNS): column 0 the counter, 1 the
+# rank-wait cycles per Q tile, 2 the same per KV tile (row n), 3 the landing-wait cycles per KV
+# tile, 4 the cycles per KV tile spent waiting for the consumers' partial (and issuing its add).
+WAIT_COLUMNS = 5
+recorded_waits: list = []
+
 _compiled: dict = {}
 _device_tables: dict = {}
 
@@ -478,7 +507,10 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     else:
         dk_out, dv_out = dk, dv
     # Counters start at 0 on every call, so an interrupted call cannot poison the next one.
-    sem_dq = torch.zeros(batch, heads, sq_r // tm, 1, dtype=torch.int32, device=dev) if deterministic else None
+    sem_cols = WAIT_COLUMNS if OrderedBackwardSm90.RECORD_WAITS else 1
+    sem_dq = torch.zeros(batch, heads, sq_r // tm, sem_cols, dtype=torch.int32, device=dev) if deterministic else None
+    if OrderedBackwardSm90.RECORD_WAITS:
+        recorded_waits.append(sem_dq)
     sem_dk = sem_dv = None
     if deterministic and group > 1:
         sem_dk = torch.zeros(batch, heads_kv, sk_r // tn, 2, dtype=torch.int32, device=dev)
@@ -504,7 +536,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     head_by_head = tables.group_size > 1   # cyclic groups must be co-resident
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
-           float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout, keep_bits)
+           float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout, keep_bits,
+           sem_cols)
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
