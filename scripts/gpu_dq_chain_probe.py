@@ -2,13 +2,15 @@
 it times, on the same inputs in one process:
 
   atomic        the non-deterministic backward (unordered bulk adds);
-  ordered       the product: wait for the rank, add, wait until the add has landed, release;
+  ordered       the product: wait for the rank, add, wait until the add has landed, release,
+                with the next tile's counter read while the add lands;
+  no-read-ahead the same with each counter read only when its turn is waited for;
   no-rank-wait  the same without the acquire wait (the adds land in any order);
   no-landing    with the acquire wait, but the release as soon as shared memory is read;
   neither       both off.
 
 Variants other than `ordered` and `atomic` give unordered bits and exist only to be timed
-(OrderedBackwardSm90.WAIT_FOR_RANK / WAIT_FOR_LANDING). If `no-rank-wait` is near `atomic`, the
+(OrderedBackwardSm90.WAIT_FOR_RANK / WAIT_FOR_LANDING / READ_TURN_AHEAD). If `no-rank-wait` is near `atomic`, the
 time goes to waiting for one's turn (the schedule's business); if `no-landing` is, to the round
 trip of each add to global memory before the next contributor may start (the protocol's).
 
@@ -32,9 +34,12 @@ from dash_plugin.kernels.hopper import bwd_sm90, fwd_sm90  # noqa: E402
 
 # (head dim, causal, seqlen, schedule): the Hopper table's choice at each point
 POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (128, False, 1024, "shift"),
-          (128, False, 4096, "ascending"), (64, False, 2048, "ascending")]
-VARIANTS = {"ordered": (True, True), "no-rank-wait": (False, True), "no-landing": (True, False),
-            "neither": (False, False), "atomic": (True, True)}
+          (128, False, 4096, "ascending"), (64, False, 2048, "ascending"), (64, True, 8192, "spt"),
+          (128, True, 2048, "arrival")]
+# (WAIT_FOR_RANK, WAIT_FOR_LANDING, READ_TURN_AHEAD)
+VARIANTS = {"ordered": (True, True, True), "no-read-ahead": (True, True, False),
+            "no-rank-wait": (False, True, True), "no-landing": (True, False, True),
+            "neither": (False, False, True), "atomic": (True, True, True)}
 
 
 def main(out_dir):
@@ -47,9 +52,9 @@ def main(out_dir):
     results = {f"hdim{hd} {'causal' if c else 'full'} {s} {sched}": {} for hd, c, s, sched in POINTS}
     # Variant outermost: the switches are class attributes read at compile time, so each variant
     # compiles its configurations once.
-    for variant, (rank_wait, landing_wait) in VARIANTS.items():
-        bwd_sm90.OrderedBackwardSm90.WAIT_FOR_RANK = rank_wait
-        bwd_sm90.OrderedBackwardSm90.WAIT_FOR_LANDING = landing_wait
+    kernel = bwd_sm90.OrderedBackwardSm90
+    for variant, (rank_wait, landing_wait, read_ahead) in VARIANTS.items():
+        kernel.WAIT_FOR_RANK, kernel.WAIT_FOR_LANDING, kernel.READ_TURN_AHEAD = rank_wait, landing_wait, read_ahead
         bwd_sm90._compiled.clear()
         for hd, causal, s, sched in POINTS:
             q, k, v, do, out, lse = inputs[(hd, causal, s)]
@@ -63,7 +68,7 @@ def main(out_dir):
             name = f"hdim{hd} {'causal' if causal else 'full'} {s} {sched}"
             results[name][variant] = round(flops / ms / 1e9, 1)
             print(f"{variant:12s} {name}: {results[name][variant]}", flush=True)
-    bwd_sm90.OrderedBackwardSm90.WAIT_FOR_RANK = bwd_sm90.OrderedBackwardSm90.WAIT_FOR_LANDING = True
+    kernel.WAIT_FOR_RANK = kernel.WAIT_FOR_LANDING = kernel.READ_TURN_AHEAD = True
     for name, row in results.items():
         print(name, " ".join(f"{k}={v} ({v / row['atomic']:.2f}x atomic)" for k, v in row.items()))
     with open(os.path.join(out_dir, "dq_chain.json"), "w") as f:

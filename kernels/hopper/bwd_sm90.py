@@ -67,6 +67,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # costs by turning it off (the bits are then no longer ordered); always on in the product.
     WAIT_FOR_RANK = True      # acquire: wait until the tile's counter equals this add's rank
     WAIT_FOR_LANDING = True   # release only once the add has landed in global memory
+    READ_TURN_AHEAD = True    # read the next tile's counter while this add lands (on in the product)
     # For scripts/gpu_dq_wait_probe.py: the dQ writer also sums the SM clock cycles it spends in
     # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
     RECORD_WAITS = False
@@ -163,26 +164,39 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             n_block, head, batch, _ = work.tile_idx
             gdQ = cute.local_tile(mdQaccum[None, head, batch], (chunk_layout,), (None,))
             counters = mdQ_semaphore[None, None, head, batch] if const_expr(self.deterministic) else None
+            seen = Int32(-1)   # the counter of this step's dQ tile as read ahead (-1: not read)
             if const_expr(self.visit is None):
                 q_tiles = blocksparse_tensors.mask_block_idx[batch, head, n_block, None]
                 ranks = blocksparse_tensors.dq_write_order[batch, head, n_block, None]
-                for step in cutlass.range(blocksparse_tensors.mask_block_cnt[batch, head, n_block], unroll=1):
-                    self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane, n_block)
+                count = blocksparse_tensors.mask_block_cnt[batch, head, n_block]
+                for step in cutlass.range(count, unroll=1):
+                    ahead = cutlass.min(step + 1, count - 1)
+                    seen = self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane, n_block,
+                                             seen, step + 1 < count, q_tiles[ahead], ranks[ahead])
             else:
                 seqlen = SeqlenInfoCls(batch)
                 m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
-                for step in cutlass.range(m_block_max - m_block_min, unroll=1):
+                count = m_block_max - m_block_min
+                for step in cutlass.range(count, unroll=1):
                     m_block, rank = self._visit(seqlen, block_info, n_block, step)
-                    self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane, n_block)
+                    next_m_block, next_rank = self._visit(seqlen, block_info, n_block, step + 1)
+                    seen = self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane, n_block,
+                                             seen, step + 1 < count, next_m_block, next_rank)
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
         if const_expr(not self.deterministic):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def _add_dq_tile(self, sdQaccum, gdQ, counters, m_block, rank, lane, n_block):
+    def _add_dq_tile(self, sdQaccum, gdQ, counters, m_block, rank, lane, n_block,
+                     seen, has_next, next_m_block, next_rank):
         """Add the consumers' fp32 dQ partial of Q tile `m_block` (in shared memory, one chunk
-        per consumer warpgroup) to the global accumulator; ordered mode adds as number `rank`."""
+        per consumer warpgroup) to the global accumulator; ordered mode adds as number `rank`.
+
+        `seen` is m_block's counter as read during the previous step (-1: not read). Returns
+        the counter of the next step's tile, read while this add lands: one read of a counter
+        costs about a global-memory round trip, which would otherwise sit in the writer's loop
+        between two adds (scripts/gpu_dq_wait_probe.py measured it)."""
         chunks = self.num_wg_dQ
         handshake = self.num_threads_per_warp_group + cute.arch.WARP_SIZE
         # Shared dQ buffer free again: ordered mode already waited for the last add.
@@ -194,7 +208,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         if const_expr(self.deterministic and self.WAIT_FOR_RANK):
             if const_expr(self.RECORD_WAITS):
                 started = cute.arch.clock()
-            barrier.wait_eq(counters[(m_block, None)].iterator, lane, 0, rank)
+            self._wait_turn(counters[(m_block, None)].iterator, lane, rank, seen)
             if const_expr(self.RECORD_WAITS):
                 self._record(counters, cute.arch.clock() - started, (m_block, 1), (n_block, 2))
         record = self.RECORD_WAITS and self.deterministic
@@ -208,6 +222,10 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             cute.arch.cp_async_bulk_commit_group()
         if const_expr(record):   # waiting for the consumers' partial (and issuing it)
             self._record(counters, cute.arch.clock() - started, (n_block, 4))
+        seen_next = Int32(-1)
+        if const_expr(self.deterministic and self.WAIT_FOR_RANK and self.READ_TURN_AHEAD):
+            if has_next:
+                seen_next = self._read_turn(counters[(next_m_block, None)].iterator, lane, next_rank)
         if const_expr(self.deterministic):
             # read=False: the add has landed in global memory, not only left shared memory.
             if const_expr(self.RECORD_WAITS):
@@ -216,6 +234,27 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             if const_expr(self.RECORD_WAITS):
                 self._record(counters, cute.arch.clock() - started, (n_block, 3))
             barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
+        return seen_next
+
+    @cute.jit
+    def _read_turn(self, counter, lane, rank) -> Int32:
+        """The counter's value (lane 0; rank 0 needs no read: counters start at 0)."""
+        value = Int32(0)
+        if lane == 0:
+            if rank > 0:
+                value = barrier.ld_acquire(counter)
+        return value
+
+    @cute.jit
+    def _wait_turn(self, counter, lane, rank, seen):
+        """Lane 0 spins until the counter equals `rank`, starting from `seen` if it was read
+        ahead (the counter only grows, so a value read earlier that equals the rank is final)."""
+        if lane == 0:
+            value = seen
+            if rank == 0:
+                value = rank
+            while value != rank:
+                value = barrier.ld_acquire(counter)
 
     @staticmethod
     def _record(counters, cycles, *cells):
