@@ -177,13 +177,13 @@ def test_auto_schedule_is_resolved_per_backend_and_names_what_it_passed_over(mon
     q = torch.zeros(1, 4096, 2, 128, dtype=torch.float16)
     kw = dict(max_seqlen_q=4096, max_seqlen_k=4096, causal=True, window_left=-1, window_right=0)
     chosen, schedule, passed_over = dispatch.resolve("auto", "auto", q, q, **kw)
-    assert (chosen.name, schedule, passed_over) == ("hopper", "descending", ())   # auto_table_hopper.py
+    assert (chosen.name, schedule, passed_over) == ("hopper", "arrival", ())   # auto_table_hopper.py
     chosen, schedule, _ = dispatch.resolve("auto", "auto", q, q, **dict(kw, causal=False, window_right=-1))
     assert (chosen.name, schedule) == ("hopper", "ascending")
     flat = torch.zeros(4096, 2, 128, dtype=torch.float16)
     cu = torch.tensor([0, 1000, 4096], dtype=torch.int32)
     chosen, schedule, passed_over = dispatch.resolve("auto", "auto", flat, flat, cu_seqlens_q=cu, **kw)
-    # varlen: the Hopper table says descending, the backend says no; Triton's own table decides
+    # varlen: the Hopper table says arrival, the backend says no; Triton's own table decides
     assert chosen.name == "triton" and schedule == "split"
     assert passed_over == ("hopper: varlen runs on the Triton backend",)
     # an explicit schedule only Triton implements skips the Hopper backend with the registry's reason

@@ -283,7 +283,7 @@ def test_auto_takes_this_backend_where_it_runs_and_says_why_where_not():
                for _ in range(3))
     out = dash_plugin.flash_attention(q, k, v, causal=True)
     got = dash_plugin.last_resolved()
-    assert (got.concrete_backend, got.concrete_schedule) == ("hopper", "descending"), got.describe()
+    assert (got.concrete_backend, got.concrete_schedule) == ("hopper", "arrival"), got.describe()
     grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     want = torch.autograd.grad(dash_plugin.flash_attention(q, k, v, causal=True, backend="triton", schedule="split"),
                                (q, k, v), torch.ones_like(out))

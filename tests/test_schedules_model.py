@@ -405,6 +405,14 @@ def test_random_shapes_valid(name, lens, bm, bn, mask, g):
                 one = build_schedule("shift", **dict(kw, seqlens_q=[seq.geometry.seqlen_q],
                                                      seqlens_k=[seq.geometry.seqlen_k]))
                 assert simulate(one, num_sms=None).wait == 0  # arrival order inside a group
+    elif name == "arrival":
+        for seq in s.sequences:
+            if seq.variant != "arrival":   # its fallback (descending): waits point backwards
+                assert sequential_safe(seq)
+                continue
+            one = build_schedule("arrival", **dict(kw, seqlens_q=[seq.geometry.seqlen_q],
+                                                   seqlens_k=[seq.geometry.seqlen_k]))
+            assert simulate(one, num_sms=None).wait == 0  # a head's adds in arrival order
     else:
         assert all(sequential_safe(seq) for seq in s.sequences)
         simulate(s, num_sms=1)

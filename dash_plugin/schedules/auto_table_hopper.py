@@ -5,8 +5,9 @@ keys as in auto_table.py.
 
 Measured with scripts/gpu_hopper_bwd.py on an NVIDIA H100 80GB HBM3 (132 SMs, torch 2.11.0+cu130,
 flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23, one process, backward TFLOP/s:
-docs/benchmarks/hopper-bwd-2026-11-23-h100/closed-form/ and, for the shift rows,
-docs/benchmarks/hopper-shift-2026-11-23-h100/. A fixed table, never a timing taken at
+docs/benchmarks/hopper-bwd-2026-11-23-h100/closed-form/, for the shift rows
+docs/benchmarks/hopper-shift-2026-11-23-h100/, for the hdim128 causal row
+docs/benchmarks/dq-readahead-2026-11-23-h100/. A fixed table, never a timing taken at
 run time.
 """
 
@@ -16,13 +17,13 @@ RULES = [
     {'mask': 'causal', 'head_dim_max': 64, 'schedule': 'spt',
      'source': 'measured H100 hdim64 causal s=2k/4k/8k/16k: spt 363.9/422.0/462.2/497.6, '
                'descending 334.4/409.9/440.4/450.0, ascending 348.9/391.9/408.9/453.5'},
-    {'mask': 'causal', 'seqlen_max': 1024, 'schedule': 'ascending',
-     'source': 'measured H100 hdim128 causal s=1024: ascending 274.7, descending 264.0, spt 244.6 '
-               '(GQA 4:1: spt 225.5, ascending 223.5, descending 222.4); hdim96: inferred from hdim128'},
-    {'mask': 'causal', 'schedule': 'descending',
-     'source': 'measured H100 hdim128 causal s=2k/4k/8k/16k: descending 368.8/447.0/499.6/536.5, '
-               'spt 342.0/422.3/491.6/526.7, ascending 354.3/404.1/442.2/452.5 (GQA 4:1 from 4k: '
-               'descending 414.6/484.6/522.2, spt 403.0/472.0/509.1); hdim96: inferred from hdim128'},
+    {'mask': 'causal', 'schedule': 'arrival',
+     'source': 'measured H100 hdim128 causal s=1k/2k/4k/8k with the dQ writer reading its next counter '
+               'ahead, median of 3 interleaved rounds: arrival 301.5/401.0/470.2/516.8, descending '
+               '278.9/387.5/460.9/494.3, spt 251.8/373.8/463.5/514.7, ascending 279.9/362.6/418.3/456.6 '
+               '(GQA 4:1: arrival 241.0/358.1/457.8/510.9, next best 234.2/345.3/436.0/500.2); at 16k a '
+               'head has more KV tiles than one group and arrival runs its fallback, descending '
+               '(docs/benchmarks/dq-readahead-2026-11-23-h100/); hdim96: inferred from hdim128'},
     {'mask': 'full', 'head_dim_max': 64, 'seqlen_max': 1024, 'schedule': 'shift',
      'source': 'measured H100 hdim64 full s=1k after the closed-form shift (whole-head groups): '
                'shift 371.8/369.7, ascending 347.9/345.8 (gpu_hopper_bwd.py / dash-bench, '
