@@ -1,9 +1,11 @@
 """The Hopper backend: the warp-specialised sm90 backward of kernels/hopper, run from a launch
 plan, and the sm90 forward (docs/hopper-backend.md).
 
-It covers dense batches with equal lengths, causal, full and sliding-window masks, softcap, head
-dims 64/96/128 in fp16/bf16, with or without dropout (not with softcap); `supports` names what
-else is missing, and the `auto` rule then takes the Triton backend.
+It covers dense and packed (varlen) batches, equal or unequal query/key lengths (masks
+bottom-right aligned), causal, full and sliding-window masks, softcap, head dims 64/96/128 in
+fp16/bf16, and dropout on dense batches (not with softcap); packed batches run the acyclic
+orders (every wait points to an earlier-launched KV tile). `supports` names what else is
+missing, and the `auto` rule then takes the Triton backend.
 """
 from __future__ import annotations
 
@@ -34,6 +36,10 @@ class HopperTiles(NamedTuple):
     group_size: int | None   # the largest cyclic group this grid keeps co-resident (shift only)
 
 
+# Orders whose waits may be cyclic inside a group of KV tiles, which must then be co-resident.
+_CO_RESIDENT_GROUPS = ("shift", "arrival")
+
+
 class HopperBackend:
     name = "hopper"
 
@@ -52,9 +58,12 @@ class HopperBackend:
         if r.head_dim not in hopper.HEAD_DIMS:
             return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
         causal = hopper.fa4_mask(r.causal, r.window_left, r.window_right)[0]   # however it is spelled
-        for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"), (r.varlen, "varlen"),
-                              (r.seqlen_q != r.seqlen_k, "seqlen_q != seqlen_k"),
+        for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"),
                               (r.softcap and r.dropout, "softcap with dropout"),
+                              (r.varlen and r.dropout, "dropout with varlen"),
+                              (r.varlen and r.schedule in _CO_RESIDENT_GROUPS,
+                               f"schedule={r.schedule!r} with varlen (its groups are launched head by head, "
+                               "which this backend does for dense batches only)"),
                               (causal and r.schedule == "shift",
                                "the causal symmetric shift (two KV tiles per worker)")):
             if missing:
@@ -72,26 +81,31 @@ class HopperBackend:
         return _device_props(str(device))
 
     def forward(self, q, k, v, *, softmax_scale, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-                dropout_p=0.0, seed=0, **_unused):
-        if q.shape[0] == 0:   # an empty batch: nothing to launch
-            return torch.empty_like(q), torch.empty(0, q.shape[2], q.shape[1], device=q.device)
+                dropout_p=0.0, seed=0, cu_seqlens_q=None, cu_seqlens_k=None, **_unused):
         return hopper.attention_forward(q, k, v, softmax_scale=softmax_scale, causal=causal,
                                         window_left=window_left, window_right=window_right, softcap=softcap,
-                                        dropout_p=dropout_p, seed=seed)
+                                        dropout_p=dropout_p, seed=seed, cu_seqlens_q=cu_seqlens_q,
+                                        cu_seqlens_k=cu_seqlens_k)
 
     def backward(self, plan, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_left=-1,
-                 window_right=-1, softcap=0.0, dropout_p=0.0, seed=0, **_unused):
-        if q.shape[0] == 0:
+                 window_right=-1, softcap=0.0, dropout_p=0.0, seed=0, cu_seqlens_q=None, cu_seqlens_k=None,
+                 **_unused):
+        varlen = cu_seqlens_q is not None
+        if q.numel() == 0 or k.numel() == 0:   # nothing to launch; no query sees a key
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         tables = self._tables.get(plan)
         if tables is None:
-            tables = hopper.tables_of(plan.schedule.sequences[0])
+            seqs = plan.schedule.sequences
+            # A packed batch: one computed order for all sequences, each from its own lengths.
+            tables = hopper.batch_tables(seqs) if varlen else hopper.tables_of(seqs[0])
             hopper.check_waits_follow_launch(tables)
             self._tables[plan] = tables
         return hopper.attention_backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
                                          tables=tables, deterministic=plan.spec.deterministic,
                                          window_left=window_left, window_right=window_right, softcap=softcap,
-                                         dropout_p=dropout_p, seed=seed)
+                                         dropout_p=dropout_p, seed=seed, cu_seqlens_q=cu_seqlens_q,
+                                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=plan.shape.max_seqlen_q,
+                                         max_seqlen_k=plan.shape.max_seqlen_k)
 
 
 BACKEND = HopperBackend()

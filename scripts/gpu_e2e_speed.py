@@ -439,7 +439,7 @@ def main(argv=None) -> int:
     if cudnn_note:
         notes.append(f"sdpa_cudnn: {cudnn_note}")
     if "fa4_det" in args.variants:
-        fa4_reason = register_fa4_det()
+        fa4_reason = register_fa4_det() if device.type == "cuda" else "FA4's kernels need a CUDA GPU"
         if fa4_reason:
             notes.append(f"fa4_det: {fa4_reason}")
             args.variants = [v for v in args.variants if v != "fa4_det"]

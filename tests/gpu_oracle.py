@@ -2,6 +2,7 @@
 
 - the float64 oracle (tests/math_attention.py, per sequence, autograd for the gradients) and the
   error bar of the FlashAttention papers: twice the error of plain bf16 PyTorch math against it;
+  for dense batches of equal lengths, and for packed (varlen) batches or unequal lengths;
 - the dropout keep-mask of a dense batch, as kernels/philox.py defines it;
 - whether the Hopper backend can run here (an sm90 GPU and the `hopper` extra).
 
@@ -82,3 +83,26 @@ def oracle_and_bf16_math(q, k, v, do, *, causal, window_left=-1, window_right=-1
     o = torch.einsum("bhqk,bkhd->bqhd", probs, ve)
     base = torch.autograd.grad(o, (qx, kx, vx), do)
     return Oracle(out, ref, rel(o, out), [rel(x, r) for x, r in zip(base, ref)])
+
+
+def packed_oracle_and_bf16_math(q, k, v, do, cu_seqlens_q, cu_seqlens_k, **mask) -> Oracle:
+    """`oracle_and_bf16_math` for packed (T, H, D) bf16 CUDA inputs: sequence by sequence, masks
+    bottom-right aligned where a sequence's lengths differ (a dense batch of unequal lengths is
+    the packed batch of its rows). The bf16 math runs on the GPU; a row that sees no key gives 0."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    runs = {}   # dtype -> (outs, dq, dk, dv) per sequence
+    for dtype, device in ((torch.float64, "cpu"), (q.dtype, q.device)):
+        parts = [[], [], [], []]
+        for b in range(len(cq) - 1):
+            rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+            qi, ki, vi = (t[r].detach().to(device, dtype).requires_grad_() for t, r in ((q, rq), (k, rk), (v, rk)))
+            o, _ = math_attention(qi, ki, vi, **mask)
+            if o.numel() and ki.shape[0]:
+                grads = torch.autograd.grad(o, (qi, ki, vi), do[rq].to(device, dtype))
+            else:   # an empty sequence: nothing flows
+                grads = [torch.zeros_like(t) for t in (qi, ki, vi)]
+            for part, x in zip(parts, (o.detach(), *grads)):
+                part.append(x)
+        runs[dtype] = [torch.cat(p) for p in parts]
+    ref, math = runs[torch.float64], runs[q.dtype]
+    return Oracle(ref[0], ref[1:], rel(math[0], ref[0]), [rel(x, r) for x, r in zip(math[1:], ref[1:])])

@@ -19,9 +19,9 @@ def math_attention(q, k, v, *, causal=False, softmax_scale=None, window_left=-1,
     s = torch.einsum("qhd,khd->hqk", q, kx) * scale
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    i = torch.arange(sq)[:, None] + (sk - sq)
-    j = torch.arange(sk)[None, :]
-    ok = torch.ones(sq, sk, dtype=torch.bool)
+    i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=q.device)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
     if window_left >= 0:
         ok &= j >= i - window_left
     if window_right >= 0:

@@ -288,17 +288,18 @@ def test_auto_takes_this_backend_where_it_runs_and_says_why_where_not():
     want = torch.autograd.grad(dash_plugin.flash_attention(q, k, v, causal=True, backend="triton", schedule="split"),
                                (q, k, v), torch.ones_like(out))
     assert all(rel(a, b.double().cpu()) < 2e-2 for a, b in zip(grads, want))
-    cu = torch.tensor([0, 1000, 4096], device="cuda", dtype=torch.int32)
-    flat = [t.detach().reshape(-1, 8, 128) for t in (q, k, v)]
-    dash_plugin.flash_attention(*flat, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    wide = [torch.cat([t, t], dim=-1).detach() for t in (q, k, v)]   # head dim 256 runs on Triton
+    dash_plugin.flash_attention(*wide, causal=True)
     got = dash_plugin.last_resolved()
-    assert got.concrete_backend == "triton" and "hopper: varlen runs on the Triton backend" in got.describe()
-    with pytest.raises(ValueError, match="backend='hopper' cannot run this call: varlen"):
-        dash_plugin.flash_attention(*flat, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, backend="hopper")
+    assert got.concrete_backend == "triton" and "hopper: head_dim=256" in got.describe()
+    with pytest.raises(ValueError, match="backend='hopper' cannot run this call: head_dim=256"):
+        dash_plugin.flash_attention(*wide, causal=True, backend="hopper")
 
 
+@pytest.mark.parametrize("padded", (False, True), ids=("dense", "padded"))
 @pytest.mark.parametrize("head_dim", (64, 128))
-def test_hugging_face_llama_through_this_backend_matches_fp32_eager(tmp_path, head_dim):
+def test_hugging_face_llama_through_this_backend_matches_fp32_eager(tmp_path, head_dim, padded):
+    """A padded batch reaches the kernel unpadded, as a packed (varlen) batch."""
     import transformers
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=4 * head_dim, intermediate_size=256, num_hidden_layers=2,
@@ -306,10 +307,14 @@ def test_hugging_face_llama_through_this_backend_matches_fp32_eager(tmp_path, he
                                    max_position_embeddings=512)
     transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
     ids = torch.randint(3, 128, (2, 256), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 256, dtype=torch.long)
+    if padded:
+        mask[0, 200:] = 0
 
     def run(model, device, dtype, **kw):
         model = model.to(device, dtype)
-        logits = model(input_ids=ids.to(device), **kw).logits
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), **kw).logits
+        logits = logits[mask.bool().to(device)]   # padding rows say nothing
         logits.float().square().mean().backward()
         return logits.float().cpu(), torch.cat([p.grad.float().flatten().cpu() for p in model.parameters()])
 

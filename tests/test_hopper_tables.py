@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dash_plugin.kernels.backends import DeviceProps, Request
-from dash_plugin.kernels.hopper import (RESIDENT_SLOTS, Unsupported, VisitTables, bwd_tiles,
+from dash_plugin.kernels.hopper import (RESIDENT_SLOTS, Unsupported, VisitTables, batch_tables, bwd_tiles,
                                         check_waits_follow_launch, closed_form_visits, tables_of)
 from dash_plugin.kernels.hopper.masks import fa4_mask
 from dash_plugin.kernels.hopper_backend import BACKEND, HopperTiles
@@ -221,3 +221,107 @@ def test_forward_compile_key_separates_what_the_compiler_bakes_in():
                  key(q, k, softcap=30.0), key(q, k, softcap=20.0), key(q, k, dropout=True),
                  key(q, broadcast), key(q, k, broadcast)]
     assert len({base, *different}) == len(different) + 1
+
+
+# ----------------------------------------------------------------------------- packed batches
+
+def packed_plan(schedule, lengths, d, causal, window=(-1, -1)):
+    """The launch plan of a packed batch of (queries, keys) per sequence at the Hopper tiles."""
+    left, right = window
+    right = 0 if causal else right
+    sq, sk = tuple(a for a, _ in lengths), tuple(b for _, b in lengths)
+    shape = AttentionShape(len(lengths), 1, 1, sq, sk, True, causal, left, right)
+    req = Request(torch.device("cuda"), torch.bfloat16, d, schedule, registry.get(schedule).kernel_mode, True,
+                  max(sq), max(sk), causal, left, right)
+    return launch_plan(shape, schedule, tiles=BACKEND.tiles(req), device=DeviceProps(132))
+
+
+def random_lengths(seed, n=12):
+    """Ragged (queries, keys) per sequence: equal and unequal, empty, one token, several tiles."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        a = int(torch.randint(0, 3000, (1,), generator=g))
+        out.append((a, a) if torch.rand(1, generator=g) < 0.6 else (a, int(torch.randint(0, 3000, (1,), generator=g))))
+    return out + [(0, 0), (1, 1), (1, 700)]
+
+
+PACKED_MASKS = {"causal": (True, (-1, -1)), "full": (False, (-1, -1)), "causal-window": (True, (300, -1)),
+                "band": (False, (200, 100))}
+
+
+@pytest.mark.parametrize("mask", PACKED_MASKS)
+@pytest.mark.parametrize("d", (64, 96, 128))
+@pytest.mark.parametrize("schedule, visit", [("ascending", "ascending"), ("spt", "ascending"),
+                                             ("descending", "descending"), ("atomic", "ascending")])
+def test_packed_batches_of_the_acyclic_orders_run_one_computed_order(schedule, visit, d, mask):
+    """A packed batch runs one compiled kernel whose order each sequence computes from its own
+    lengths: for the orders the backend runs on packed batches, every sequence of any mix of
+    lengths follows it, and every wait points to an earlier-launched KV tile."""
+    causal, window = PACKED_MASKS[mask]
+    for seed in range(4):
+        plan = packed_plan(schedule, random_lengths(seed), d, causal, window)
+        tables = batch_tables(plan.schedule.sequences)
+        check_waits_follow_launch(tables)
+        assert tables.visit == visit and tables.group_size == 1
+        assert tables.kv_descending == (schedule == "spt")
+
+
+def test_a_packed_batch_whose_sequences_take_different_orders_is_refused():
+    # arrival keeps a head in one group up to 64 KV tiles; a longer sequence falls back to descending
+    plan = packed_plan("arrival", [(1000, 1000), (9000, 9000)], 128, True)
+    assert {s.variant.split(" ")[0] for s in plan.schedule.sequences} == {"arrival", "descending"}
+    with pytest.raises(Unsupported, match="runs 'arrival', not the descending order"):
+        batch_tables(plan.schedule.sequences)
+
+
+def test_packed_batches_and_unequal_lengths_run_here(monkeypatch):
+    from dash_plugin.kernels import hopper, hopper_backend
+    monkeypatch.setattr(hopper_backend, "_is_sm90", lambda device: True)   # as on an H100
+    monkeypatch.setattr(hopper, "available", lambda: True)
+
+    def packed(schedule, causal=True, **kw):
+        return Request(torch.device("cuda"), torch.bfloat16, 128, schedule, registry.get(schedule).kernel_mode, True,
+                       4096, 4096, causal, -1, 0 if causal else -1, **kw)
+    for schedule in ("ascending", "spt", "descending", "atomic"):
+        assert BACKEND.supports(packed(schedule)) is True
+    assert BACKEND.supports(packed("arrival")).startswith("schedule='arrival' with varlen")
+    assert BACKEND.supports(packed("shift", causal=False)).startswith("schedule='shift' with varlen")
+    assert BACKEND.supports(packed("descending", dropout=True)) == "dropout with varlen runs on the Triton backend"
+    unequal = Request(torch.device("cuda"), torch.bfloat16, 128, "arrival", "ordered", False, 1024, 4096, True, -1, 0)
+    assert BACKEND.supports(unequal) is True
+
+
+@pytest.mark.parametrize("kw, want", [
+    (dict(causal=True, head_dim=128, varlen=True), "descending"),
+    (dict(causal=True, head_dim=64, varlen=True), "spt"),
+    (dict(causal=False, head_dim=128, varlen=True), "ascending"),
+    (dict(causal=True, head_dim=128, seqlen_q=1024), "descending"),   # fewer queries than keys
+    (dict(causal=True, head_dim=128, window_left=1024), "descending"),
+    (dict(causal=False, head_dim=64, window_left=512, window_right=512), "descending"),
+    (dict(causal=True, head_dim=128), "arrival"),
+])
+def test_auto_on_this_backend_picks_an_order_it_runs(monkeypatch, kw, want):
+    """`auto` resolves per backend: on this one it must name an order the backend runs for the
+    call, or the call would pass to Triton although the Hopper kernel covers it."""
+    from dash_plugin.kernels import hopper, hopper_backend
+    from dash_plugin.schedules import auto
+    monkeypatch.setattr(hopper_backend, "_is_sm90", lambda device: True)
+    monkeypatch.setattr(hopper, "available", lambda: True)
+    args = {"seqlen_q": 4096, "seqlen_k": 4096, **kw}
+    got = auto.choose_schedule(**args, backend="hopper")
+    assert got == want
+    left, right = args.get("window_left", -1), args.get("window_right", -1)
+    causal = args["causal"]
+    req = Request(torch.device("cuda"), torch.bfloat16, args["head_dim"], got, registry.get(got).kernel_mode,
+                  args.get("varlen", False), args["seqlen_q"], args["seqlen_k"], causal, left, 0 if causal else right)
+    assert BACKEND.supports(req) is True
+
+
+def test_which_calls_may_leave_a_query_row_without_keys():
+    from dash_plugin.kernels.hopper.masks import may_have_empty_rows
+    assert may_have_empty_rows(True, False, 2048, 1024)        # causal, more queries than keys
+    assert not may_have_empty_rows(True, False, 1024, 2048)
+    assert not may_have_empty_rows(True, False, 2048, 2048)
+    assert not may_have_empty_rows(False, True, 2048, 1024)    # full mask: every row sees every key
+    assert may_have_empty_rows(True, True, 2048, 2048)         # packed: lengths not read on the host

@@ -1,7 +1,6 @@
 """Data for schedule='auto' on the Hopper backend (read by auto.py before the generic rules of
-auto_table.py, which then cover what these do not: window, varlen, unequal lengths, and head
-dims the Hopper kernel lacks, all of which run on the Triton backend). First matching rule wins;
-keys as in auto_table.py.
+auto_table.py, which then cover what these do not: head dims the Hopper kernel lacks, and calls
+that run on the Triton backend). First matching rule wins; keys as in auto_table.py.
 
 Measured with scripts/gpu_hopper_bwd.py on an NVIDIA H100 80GB HBM3 (132 SMs, torch 2.11.0+cu130,
 flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23, one process, backward TFLOP/s:
@@ -12,6 +11,22 @@ run time.
 """
 
 RULES = [
+    # Packed batches run the acyclic orders on this backend (shift and arrival launch their groups
+    # head by head, which it does for dense batches only); sliding windows and unequal lengths
+    # take the order that is fastest at the causal mask they resemble.
+    {'mask': 'window', 'schedule': 'descending',
+     'source': 'inferred from the causal rows: descending within 2-5 % of the best order at hdim128 causal'},
+    {'mask': 'causal', 'varlen': True, 'head_dim_max': 64, 'schedule': 'spt',
+     'source': 'inferred from the dense hdim64 causal rows below (spt from 2k)'},
+    {'mask': 'causal', 'varlen': True, 'schedule': 'descending',
+     'source': 'inferred from the dense hdim128 causal rows below: descending, next to arrival, which packed '
+               'batches do not run here'},
+    {'mask': 'causal', 'equal_lengths': False, 'schedule': 'descending',
+     'source': 'inferred: with fewer queries than keys several KV tiles reach the first row together, '
+               'and arrival has no computed order there'},
+    {'mask': 'full', 'varlen': True, 'schedule': 'ascending',
+     'source': 'inferred from the dense full rows below (shift, the alternative, needs groups launched head by '
+               'head)'},
     {'mask': 'causal', 'head_dim_max': 64, 'seqlen_max': 1024, 'schedule': 'ascending',
      'source': 'measured H100 hdim64 causal s=1024: ascending 265.4, spt 256.8, descending 248.9'},
     {'mask': 'causal', 'head_dim_max': 64, 'schedule': 'spt',

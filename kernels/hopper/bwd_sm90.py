@@ -162,7 +162,12 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         work = scheduler.initial_work_tile_info()
         while work.is_valid_tile:
             n_block, head, batch, _ = work.tile_idx
-            gdQ = cute.local_tile(mdQaccum[None, head, batch], (chunk_layout,), (None,))
+            seqlen = SeqlenInfoCls(batch)
+            if const_expr(not seqlen.has_cu_seqlens_q):
+                dq_rows = mdQaccum[None, head, batch]
+            else:   # packed: this sequence's rows start at its tile-aligned offset
+                dq_rows = cute.domain_offset((seqlen.padded_offset_q * self.tile_hdim,), mdQaccum[None, head])
+            gdQ = cute.local_tile(dq_rows, (chunk_layout,), (None,))
             counters = mdQ_semaphore[None, None, head, batch] if const_expr(self.deterministic) else None
             seen = Int32(-1)   # the counter of this step's dQ tile as read ahead (-1: not read)
             if const_expr(self.visit is None):
@@ -174,7 +179,6 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                     seen = self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane, n_block,
                                              seen, step + 1 < count, q_tiles[ahead], ranks[ahead])
             else:
-                seqlen = SeqlenInfoCls(batch)
                 m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
                 count = m_block_max - m_block_min
                 for step in cutlass.range(count, unroll=1):
@@ -514,15 +518,30 @@ def _tables_on_device(tables: VisitTables, batch: int, heads: int, device):
 
 def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal: bool,
                        tables: VisitTables, deterministic: bool, window_left: int = -1, window_right: int = -1,
-                       softcap: float = 0.0, dropout_p: float = 0.0, seed: int = 0):
-    """dq, dk, dv of dense (B, S, H, D) fp16/bf16 inputs; `lse` (B, H_q, S_q) natural log,
-    as the forward returns it. `tables` must be built with `tiles(D, causal, local)`. Windows
-    and softcap are ours in meaning (-1: unlimited side; s -> softcap * tanh(s / softcap)), run
-    as FA4's local mask and softcap score_mod. With dropout_p > 0 the forward's mask (same seed)
-    is drawn again in the kernel (not with softcap: the dropout step applies no score_mod)."""
+                       softcap: float = 0.0, dropout_p: float = 0.0, seed: int = 0, cu_seqlens_q=None,
+                       cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0):
+    """dq, dk, dv of dense (B, S, H, D) fp16/bf16 inputs, `lse` (B, H_q, S_q), or of packed ones
+    (T, H, D) with int32 `cu_seqlens_q/k` and the true longest lengths `max_seqlen_q/k` (they size
+    the counters), `lse` (H_q, T_q); natural log, as the forward returns it. `tables` must be built
+    with `tiles(D, causal, local)`; a packed batch needs a computed order (visit_tables.batch_tables).
+    Windows and softcap are ours in meaning (-1: unlimited side; s -> softcap * tanh(s / softcap)),
+    run as FA4's local mask and softcap score_mod. With dropout_p > 0 the forward's mask (same seed)
+    is drawn again in the kernel (dense batches; not with softcap: the dropout step applies no
+    score_mod)."""
     dropout_sm90.refuse_softcap(dropout_p, softcap)
-    batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        if dropout_p > 0:
+            raise ValueError("the Hopper backward runs dropout on dense batches only (varlen: the Triton backend)")
+        if tables.visit is None:
+            raise ValueError("a packed batch needs an order the kernel computes (visit_tables.batch_tables)")
+        total_q, heads, head_dim = q.shape
+        total_k, heads_kv = k.shape[0], k.shape[1]
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
+        cu_seqlens_q, cu_seqlens_k = (t.to(torch.int32).contiguous() for t in (cu_seqlens_q, cu_seqlens_k))
+    else:
+        batch, seqlen_q, heads, head_dim = q.shape
+        seqlen_k, heads_kv = k.shape[1], k.shape[2]
     band = (window_left, 0 if causal else window_right)   # ours; causal is a right window of 0
     causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)
     cfg = tiles(head_dim, causal, local)
@@ -537,11 +556,20 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     lse = lse.contiguous()
 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dq_accum = torch.empty(batch, heads, sq_r * hdim_r, dtype=torch.float32, device=dev)
-    dpsum = torch.empty(batch, heads, sq_r, dtype=torch.float32, device=dev)
-    lse_log2 = torch.empty(batch, heads, sq_r, dtype=torch.float32, device=dev)
+    if varlen:
+        # FA4's packed accumulators: each sequence starts on a whole tile (SeqlenInfo.padded_offset_q)
+        rows_q = (total_q + (batch + 1) * tm - 1) // tm * tm
+        dq_accum = torch.empty(heads, rows_q * hdim_r, dtype=torch.float32, device=dev)
+        dpsum = torch.empty(heads, rows_q, dtype=torch.float32, device=dev)
+        lse_log2 = torch.empty(heads, rows_q, dtype=torch.float32, device=dev)
+        kv_accum_shape = (heads_kv, (total_k + (batch + 1) * tn - 1) // tn * tn * hdim_r)
+    else:
+        dq_accum = torch.empty(batch, heads, sq_r * hdim_r, dtype=torch.float32, device=dev)
+        dpsum = torch.empty(batch, heads, sq_r, dtype=torch.float32, device=dev)
+        lse_log2 = torch.empty(batch, heads, sq_r, dtype=torch.float32, device=dev)
+        kv_accum_shape = (batch, heads_kv, sk_r * hdim_r)
     if group > 1:  # several query heads add into one dK/dV: fp32 accumulators, then convert
-        dk_out = torch.zeros(batch, heads_kv, sk_r * hdim_r, dtype=torch.float32, device=dev)
+        dk_out = torch.zeros(kv_accum_shape, dtype=torch.float32, device=dev)
         dv_out = torch.zeros_like(dk_out)
     else:
         dk_out, dv_out = dk, dv
@@ -557,12 +585,12 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     index_lists = tables.visit is None
     count, q_tile, rank = _tables_on_device(tables, batch, heads, dev) if index_lists else (None,) * 3
 
-    fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, None, None, None, dtype,
+    fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, cu_seqlens_q, None, None, dtype,
                         head_dim, head_dim, tm, fake_mode=False, hdim_multiple_of=multiple)
 
     # Size-1 dimensions get specialised strides at compile time, so they are part of the key.
-    ones = tuple(n == 1 for n in (batch, heads, heads_kv, sq_r // tm, sk_r // tn,
-                                  tables.q_tile.shape[-1]))
+    ones = tuple(n == 1 for n in (batch, heads, heads_kv, sq_r // tm, sk_r // tn, tables.q_tile.shape[-1],
+                                  *q.shape[:-2], *k.shape[:-2]))
     dropout = dropout_p > 0
     aux = [dropout_sm90.params_tensor(seed, dropout_p, dev)] if dropout else None
     bits = None
@@ -576,8 +604,10 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout, keep_bits,
-           sem_cols)
+           sem_cols, varlen)
     if key not in _compiled:
+        if varlen and head_by_head:
+            raise ValueError("a packed batch runs the acyclic orders only (no head-by-head varlen launch)")
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
             dtype, head_dim, head_dim, group, causal, is_local=local, deterministic=deterministic,
@@ -595,27 +625,28 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
         sparse = to_cute_block_sparse_tensors(BlockSparseTensorsTorch(
             mask_block_cnt=count, mask_block_idx=q_tile, dq_write_order=rank,
             block_size=(tm, tn))) if index_lists else None
+        cu = [None if t is None else to_cute_tensor(t, assumed_align=4) for t in (cu_seqlens_q, cu_seqlens_k)]
         with _launch_head_by_head(head_by_head):
             _compiled[key] = cute.compile(
                 kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
-                softmax_scale, None, None, None, None, window_size_left, window_size_right, *sems,
+                softmax_scale, *cu, None, None, window_size_left, window_size_right, *sems,
                 fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if dropout else None, None), sparse, None,
                 cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
                 options="--enable-tvm-ffi")
     _compiled[key](q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out, softmax_scale,
-                   None, None, None, None, window_size_left, window_size_right, sem_dq, sem_dk, sem_dv,
+                   cu_seqlens_q, cu_seqlens_k, None, None, window_size_left, window_size_right, sem_dq, sem_dk, sem_dv,
                    fa4_utils.AuxData(aux, None),
                    (count, q_tile, None, None, None, None, rank, None) if index_lists else None, None)
 
     threads_dq = 128 if cfg.dQ_single_wg else cfg.num_wg * 128
     # With dropout the kernel's dQ partials leave out the keep scale (see _mma_one_m_block_dropout).
     dq_scale = softmax_scale * keep_scale(dropout_p) if dropout else softmax_scale
-    fa4._bwd_postprocess_convert(dq_accum, dq, dq_scale, None, None, 90, dtype, head_dim, tm,
+    fa4._bwd_postprocess_convert(dq_accum, dq, dq_scale, cu_seqlens_q, None, 90, dtype, head_dim, tm,
                                  threads_dq, cfg.AtomLayoutMdQ, cfg.dQ_swapAB, cluster_size=1,
                                  fake_mode=False, hdim_multiple_of=multiple)
     if group > 1:
         for acc, grad, scale in ((dk_out, dk, softmax_scale), (dv_out, dv, 1.0)):
-            fa4._bwd_postprocess_convert(acc, grad, scale, None, None, 90, dtype, head_dim, tn,
+            fa4._bwd_postprocess_convert(acc, grad, scale, cu_seqlens_k, None, 90, dtype, head_dim, tn,
                                          cfg.num_wg * 128, cfg.AtomLayoutNdKV, cfg.dKV_swapAB,
                                          cluster_size=1, fake_mode=False, hdim_multiple_of=multiple)
     return dq, dk, dv

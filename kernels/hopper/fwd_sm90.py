@@ -6,7 +6,8 @@ on every call, for every architecture and feature it serves. On the GPU machine'
 FA4's `flash_attn_func` costs 100-190 us (scripts/gpu_host_cost.py), as long as the kernel itself
 at 1k tokens, so short sequences measured the host, not the GPU. Here the configuration depends
 on the key of fwd_key.py alone: it is derived when that key is first seen, and a call is the
-inputs' layout check, two allocations, a dict lookup and the launch.
+inputs' layout check, two allocations, a dict lookup and the launch. Packed (varlen) batches run the
+same kernel with FA4's varlen tile scheduler.
 
 The kernel, its tiles (`_tile_size_fwd_sm90`) and its flags are FA4's sm90 choices for a dense
 batch, so the output has FA4's bits (tests/test_gpu_hopper.py checks it). Dropout uses our
@@ -28,13 +29,14 @@ from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from ..dropout_bits import BitLayout, bits_for_kernel
 from . import dropout_sm90
 from .fwd_key import forward_key
-from .masks import fa4_mask
+from .masks import fa4_mask, may_have_empty_rows
 
 _compiled: dict = {}
 
 
-def _compile(key, q, k, v, out, lse, softmax_scale, window_size_left, window_size_right, aux):
-    dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, keep_bits, _broadcast = key
+def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, window_size_left,
+             window_size_right, aux):
+    dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, keep_bits, *_layout = key
     cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
     extra = dict(keep_bits=keep_bits) if dropout else {}
     kernel_cls = dropout_sm90.DropoutForwardSm90 if dropout else FlashAttentionForwardSm90
@@ -45,28 +47,40 @@ def _compile(key, q, k, v, out, lse, softmax_scale, window_size_left, window_siz
         mma_pv_is_rs=cfg.mma_pv_is_rs, mask_mod=None,
         score_mod=fa4_utils.create_softcap_scoremod(softcap) if softcap else None,
         has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False, **extra)
+    cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0) for t in (cu_seqlens_q, cu_seqlens_k)]
     return cute.compile(
         kernel, *(to_cute_tensor(t) for t in (q, k, v, out)), to_cute_tensor(lse, assumed_align=4),
-        softmax_scale, None, None, None, None, None, window_size_left, window_size_right, None, None,
+        softmax_scale, *cu, None, None, None, window_size_left, window_size_right, None, None,
         fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if aux else None, None), None, None,
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
 def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_left: int = -1,
-                      window_right: int = -1, softcap: float = 0.0, dropout_p: float = 0.0, seed: int = 0):
-    """(out, lse) of dense (B, S, H, D) fp16/bf16 inputs; lse (B, H, S) fp32, natural log, of
-    the undropped scores. Windows and softcap as in masks.py; dropout with the mask of
-    kernels/philox.py (not with softcap)."""
+                      window_right: int = -1, softcap: float = 0.0, dropout_p: float = 0.0, seed: int = 0,
+                      cu_seqlens_q=None, cu_seqlens_k=None):
+    """(out, lse) of dense (B, S, H, D) fp16/bf16 inputs, lse (B, H, S_q), or of packed ones
+    (T, H, D) with int32 `cu_seqlens_q/k`, lse (H, T_q); fp32, natural log, of the undropped
+    scores. Causal masks and windows are bottom-right aligned when a sequence's lengths differ;
+    a row that sees no key gets out 0 and lse +inf. Windows and softcap as in masks.py; dropout
+    with the mask of kernels/philox.py (dense batches, not with softcap)."""
     band = (window_left, 0 if causal else window_right)   # ours; causal is a right window of 0
     causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)
     dropout_sm90.refuse_softcap(dropout_p, softcap)
     dropout = dropout_p > 0
+    varlen = cu_seqlens_q is not None
+    if varlen and dropout:
+        raise ValueError("the Hopper forward runs dropout on dense batches only (varlen: the Triton backend)")
     q, k, v = (maybe_contiguous(t).detach() for t in (q, k, v))   # DLPack exports no autograd tensors
-    batch, seqlen_q, heads, head_dim = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
-    if seqlen_q == 0 or k.shape[1] == 0:   # nothing to launch; no key is visible: softmax of nothing
-        return out.zero_(), lse.fill_(float("-inf"))
+    if varlen:
+        total_q, heads, head_dim = q.shape
+        lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
+        cu_seqlens_q, cu_seqlens_k = (t.to(torch.int32).contiguous() for t in (cu_seqlens_q, cu_seqlens_k))
+    else:
+        batch, seqlen_q, heads, head_dim = q.shape
+        lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
+    if q.numel() == 0 or k.numel() == 0:   # nothing to launch; no key is visible: softmax of nothing
+        return out.zero_(), lse.fill_(float("inf"))
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
     bits = None
     if dropout:
@@ -78,11 +92,17 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     if keep_bits:
         aux.append(bits)
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
-                      window_size_right=window_size_right, softcap=softcap, dropout=dropout, keep_bits=keep_bits)
+                      window_size_right=window_size_right, softcap=softcap, dropout=dropout, keep_bits=keep_bits,
+                      varlen=varlen)
     kernel = _compiled.get(key)
     if kernel is None:
-        kernel = _compiled[key] = _compile(key, q, k, v, out, lse, softmax_scale, window_size_left,
-                                           window_size_right, aux)
-    kernel(q, k, v, out, lse, softmax_scale, None, None, None, None, None, window_size_left, window_size_right,
-           None, None, fa4_utils.AuxData(aux, None), None, None)
+        kernel = _compiled[key] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                           window_size_left, window_size_right, aux)
+    kernel(q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, None, None, None, window_size_left,
+           window_size_right, None, None, fa4_utils.AuxData(aux, None), None, None)
+    if may_have_empty_rows(causal or local, varlen, q.shape[-3], k.shape[-3]):
+        # FA4 writes -inf for a row that sees no key; ours is +inf (docs/INTERNALS.md), which the
+        # backward reads as P = 0 as well.
+        lse.masked_fill_(lse == float("-inf"), float("inf"))
     return out, lse
+

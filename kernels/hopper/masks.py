@@ -17,3 +17,10 @@ def fa4_mask(causal: bool, window_left: int, window_right: int):
     if window_left < 0 and right == 0:
         return True, False, None, None
     return False, True, (None if window_left < 0 else window_left), (None if right < 0 else right)
+
+
+def may_have_empty_rows(masked: bool, varlen: bool, rows_q: int, rows_k: int) -> bool:
+    """Whether a query row can see no key: under a causal or windowed mask (`masked`) where a
+    sequence has more queries than keys (bottom-right alignment). A packed batch's lengths are
+    not read on the host for this, so any packed batch may."""
+    return masked and (varlen or rows_q > rows_k)

@@ -132,24 +132,46 @@ def _closed_form_of(seq, kv_descending: bool) -> str | None:
     """The closed form that gives every visit and rank of `seq`, or None. Shift and arrival need
     the head-by-head launch, so only an ascending launch qualifies for them, and arrival only
     with the whole head in one group (its ranks ignore groups)."""
-    atomic = all(w.segments[0].ranks is None for w in seq.workers)
     for visit in CLOSED_FORMS:
         if visit != "ascending" and kv_descending:
             continue
         if visit == "arrival" and seq.group_size < len(seq.workers):
             continue
-        ok = True
-        for w in seq.workers:
-            seg = w.segments[0]
-            got = closed_form_visits(visit, seq.geometry, seg.kv, kv_descending=kv_descending,
-                                     group_size=seq.group_size)
-            if [m for m, _ in got] != list(seg.q_tiles) or (
-                    not atomic and [r for _, r in got] != list(seg.ranks)):
-                ok = False
-                break
-        if ok:
+        if _follows(seq, visit, kv_descending, seq.group_size):
             return visit
     return None
+
+
+def _follows(seq, visit: str, kv_descending: bool, group_size: int) -> bool:
+    """Every visit and rank of `seq` is the closed form's with these parameters."""
+    atomic = all(w.segments[0].ranks is None for w in seq.workers)
+    for w in seq.workers:
+        seg = w.segments[0]
+        got = closed_form_visits(visit, seq.geometry, seg.kv, kv_descending=kv_descending, group_size=group_size)
+        if [m for m, _ in got] != list(seg.q_tiles) or (not atomic and [r for _, r in got] != list(seg.ranks)):
+            return False
+    return True
+
+
+def batch_tables(sequences) -> VisitTables:
+    """A packed (varlen) batch: one compiled kernel computes every sequence's order from that
+    sequence's own lengths, so all of them must follow one closed form with one launch direction
+    and group size. Returns the tables of the sequence with the most KV tiles, which carry those
+    parameters (the kernel reads none of their lists); raises Unsupported where a sequence's
+    schedule is another order (a fallback variant, say)."""
+    distinct = list({id(s): s for s in sequences}.values())
+    longest = max(distinct, key=lambda s: s.geometry.num_kv_tiles)
+    tables = tables_of(longest)
+    if tables.visit is None:
+        raise Unsupported(f"schedule variant {longest.variant!r} has no order the kernel computes, and a packed "
+                          "batch cannot read per-sequence lists")
+    for seq in distinct:
+        if len(seq.workers[0].segments if seq.workers else ()) > 1 or not _follows(
+                seq, tables.visit, tables.kv_descending, tables.group_size):
+            geo = seq.geometry
+            raise Unsupported(f"a sequence of {geo.seqlen_q} queries and {geo.seqlen_k} keys runs {seq.variant!r}, "
+                              f"not the {tables.visit} order of the longest ({longest.variant!r})")
+    return tables
 
 
 def check_waits_follow_launch(tables: VisitTables) -> None:

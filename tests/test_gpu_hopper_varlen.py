@@ -1,0 +1,196 @@
+"""GPU tests of the Hopper backend on packed (varlen) batches and unequal query/key lengths
+(marker `gpu`; skipped without an sm90 GPU and the `hopper` extra).
+
+- forward and every order the backend runs on packed batches (ragged lengths, an empty
+  sequence, sequences with more queries than keys and the reverse) against the float64 oracle,
+  within twice the error of plain bf16 PyTorch math; the same for dense batches of unequal
+  lengths (bottom-right masks, rows that see no key);
+- the forward gives FA4's varlen bits, and the order FA4 also runs (spt on causal masks,
+  ascending on full ones) gives FA4's varlen deterministic bits;
+- a sequence's gradients do not depend on what it was packed with: each one's bits equal the
+  same sequence run alone;
+- 1,000 passes bitwise equal while another process loads the GPU;
+- through the API: `auto` runs packed batches here and says why where it does not.
+"""
+import os
+
+import pytest
+import torch
+
+import dash_plugin
+from dash_plugin import dispatch
+from dash_plugin.kernels import hopper
+from tests.gpu_oracle import HOPPER_SKIP, packed_oracle_and_bf16_math, rel
+from tests.hardening_helpers import count_mismatching_passes, gpu_load, hang_guard
+
+pytestmark = [pytest.mark.gpu, HOPPER_SKIP]
+
+PACKED = ("ascending", "spt", "descending", "atomic")   # the orders packed batches run here
+N_PASSES = int(os.environ.get("DASH_DETERMINISM_PASSES", "1000"))
+# Per sequence (queries, keys): ragged, one empty, more queries than keys and the reverse.
+LENGTHS = ((1000, 1000), (129, 129), (0, 0), (2048, 2048), (700, 300), (256, 1100), (1, 1))
+
+
+def packed(lengths, hq, hkv, d, causal, seed=0, **mask):
+    """Packed inputs of `lengths`, and out/lse from the Hopper forward."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    cu = [torch.tensor([0] + [sum(x[i] for x in lengths[:b + 1]) for b in range(len(lengths))],
+                       dtype=torch.int32, device="cuda") for i in (0, 1)]
+    tq, tk = int(cu[0][-1]), int(cu[1][-1])
+    q, k, v, do = (torch.randn(t, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for t, h in ((tq, hq), (tk, hkv), (tk, hkv), (tq, hq)))
+    kw = dict(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], max_seqlen_q=max(x[0] for x in lengths),
+              max_seqlen_k=max(x[1] for x in lengths))
+    out, lse = hopper.attention_forward(q, k, v, softmax_scale=d ** -0.5, causal=causal,
+                                        cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], **mask)
+    return dict(q=q, k=k, v=v, do=do, out=out, lse=lse, causal=causal, mask=mask, kw=kw)
+
+
+def backward(p, schedule):
+    return dispatch.attention_backward(p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"],
+                                       softmax_scale=p["q"].shape[-1] ** -0.5, causal=p["causal"],
+                                       schedule=schedule, deterministic=schedule != "atomic", backend="hopper",
+                                       **p["mask"], **p["kw"])
+
+
+MASKS = {"causal": dict(causal=True), "full": dict(causal=False),
+         "causal-window200": dict(causal=True, window_left=200),
+         "band128x64": dict(causal=False, window_left=128, window_right=64)}
+
+
+@pytest.fixture(scope="module", params=[(m, d, g) for m in MASKS for d, g in ((64, 1), (128, 4))],
+                ids=lambda x: f"{x[0]}-d{x[1]}-gqa{x[2]}")
+def packed_problem(request):
+    name, d, gqa = request.param
+    mask = dict(MASKS[name])
+    causal = mask.pop("causal")
+    p = packed(LENGTHS, 8, 8 // gqa, d, causal, seed=1, **mask)
+    right = mask.pop("window_right", -1)
+    oracle = packed_oracle_and_bf16_math(p["q"], p["k"], p["v"], p["do"], p["kw"]["cu_seqlens_q"],
+                                         p["kw"]["cu_seqlens_k"], causal=causal, window_right=right, **mask)
+    return p, oracle
+
+
+def test_packed_forward_matches_float64_oracle(packed_problem):
+    p, oracle = packed_problem
+    assert torch.isfinite(p["out"]).all()
+    assert rel(p["out"], oracle.out) <= 2 * oracle.out_bar
+    # A row that sees no key (the sequence of 700 queries and 300 keys under a causal mask or a
+    # window): lse +inf, our convention (FA4's kernel writes -inf), and out 0.
+    assert not torch.isneginf(p["lse"]).any()
+    no_key = torch.isinf(p["lse"])   # (H, T)
+    assert no_key.any() == (p["causal"] or bool(p["mask"]))
+    assert (p["out"].transpose(0, 1)[no_key] == 0).all()
+
+
+@pytest.mark.parametrize("schedule", PACKED)
+def test_packed_backward_matches_float64_oracle(packed_problem, schedule):
+    p, oracle = packed_problem
+    poison = [torch.full_like(p[n], float("nan")) for n in ("q", "k", "v")]
+    del poison  # the allocator hands these NaN blocks to the backward's outputs: unwritten stays NaN
+    grads = backward(p, schedule)
+    for name, g, r, bar in zip(("dq", "dk", "dv"), grads, oracle.grads, oracle.grad_bars):
+        assert torch.isfinite(g).all(), f"{name}: NaN/inf"
+        assert rel(g, r) <= 2 * bar, f"{name}: error {rel(g, r):.2e} > 2 x bf16 math {bar:.2e}"
+
+
+@pytest.mark.parametrize("causal", (True, False), ids=("causal", "full"))
+@pytest.mark.parametrize("gqa", (1, 4))
+def test_packed_forward_and_the_order_fa4_also_runs_give_fa4s_bits(causal, gqa):
+    from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+    lengths = tuple((n, n) for n in (1000, 129, 2048, 640))
+    p = packed(lengths, 8, 8 // gqa, 128, causal, seed=2)
+    kw = p["kw"]
+    out, lse = _flash_attn_fwd(p["q"], p["k"], p["v"], softmax_scale=128 ** -0.5, causal=causal, return_lse=True,
+                               **kw)[:2]
+    assert torch.equal(out, p["out"]) and torch.equal(lse, p["lse"])
+    ours = backward(p, "spt" if causal else "ascending")
+    theirs = _flash_attn_bwd(p["q"], p["k"], p["v"], p["out"], p["do"], p["lse"], softmax_scale=128 ** -0.5,
+                             causal=causal, deterministic=True, **kw)[:3]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("schedule", ("descending", "spt", "ascending"))
+@pytest.mark.parametrize("gqa", (1, 4))
+def test_a_sequence_gives_the_same_bits_whatever_it_is_packed_with(schedule, gqa):
+    """The order of every dQ add is a function of the sequence's own lengths, so a sequence's
+    gradients (and output) are the bits it gets when it runs alone."""
+    lengths = ((1000, 1000), (2048, 2048), (333, 333), (1500, 1500))
+    p = packed(lengths, 8, 8 // gqa, 128, True, seed=3)
+    grads = backward(p, schedule)
+    cq = p["kw"]["cu_seqlens_q"].tolist()
+    for b, (a, e) in enumerate(zip(cq, cq[1:])):
+        alone = {n: p[n][a:e] for n in ("q", "k", "v", "do")}
+        one = torch.tensor([0, e - a], dtype=torch.int32, device="cuda")
+        out, lse = hopper.attention_forward(alone["q"], alone["k"], alone["v"], softmax_scale=128 ** -0.5,
+                                            causal=True, cu_seqlens_q=one, cu_seqlens_k=one)
+        assert torch.equal(out, p["out"][a:e]), f"sequence {b}: out"
+        solo = dict(alone, out=out, lse=lse, causal=True, mask={},
+                    kw=dict(cu_seqlens_q=one, cu_seqlens_k=one, max_seqlen_q=e - a, max_seqlen_k=e - a))
+        for name, x, y in zip(("dq", "dk", "dv"), backward(solo, schedule), grads):
+            assert torch.equal(x, y[a:e]), f"sequence {b}: {name}"
+
+
+@pytest.mark.parametrize("schedule, causal, gqa", [("descending", True, 1), ("spt", True, 4),
+                                                    ("ascending", False, 4)],
+                         ids=lambda x: x if isinstance(x, str) else str(x))
+def test_packed_bitwise_equal_over_many_passes_under_another_process(schedule, causal, gqa):
+    p = packed(((1000, 1000), (3000, 3000), (129, 129), (2048, 2048), (0, 0), (4000, 4000)), 16, 16 // gqa, 128,
+               causal, seed=4)
+    first = backward(p, schedule)
+    torch.cuda.synchronize()
+    with gpu_load() as load, hang_guard(300):
+        bad = count_mismatching_passes(lambda: backward(p, schedule), N_PASSES, reference=first)
+        assert load.alive(), f"load process died: {load.stderr()}"
+    print(f"[hopper varlen load] {schedule} {'causal' if causal else 'full'} gqa{gqa}: {N_PASSES} passes, "
+          f"{bad} mismatching")
+    assert bad == 0
+
+
+# Dense batches of unequal lengths: the masks align bottom-right; with more queries than keys the
+# first rows see no key under a causal mask.
+UNEQUAL = ((2, 700, 1500), (2, 1500, 700), (1, 64, 2048))
+
+
+@pytest.mark.parametrize("b, sq, sk", UNEQUAL, ids=lambda x: str(x))
+@pytest.mark.parametrize("mask", ("causal", "full", "causal-window200"))
+def test_unequal_lengths_match_float64_oracle(b, sq, sk, mask):
+    spec = dict(MASKS[mask])
+    causal = spec.pop("causal")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, do = (torch.randn(b, sq, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(b, sk, 2, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    out, lse = hopper.attention_forward(q, k, v, softmax_scale=128 ** -0.5, causal=causal, **spec)
+    flat = lambda t: t.reshape(-1, *t.shape[2:])  # noqa: E731
+    cu = [torch.arange(b + 1, device="cuda", dtype=torch.int32) * n for n in (sq, sk)]
+    oracle = packed_oracle_and_bf16_math(flat(q), flat(k), flat(v), flat(do), *cu, causal=causal, **spec)
+    assert not torch.isneginf(lse).any() and torch.isfinite(out).all()
+    assert rel(flat(out), oracle.out) <= 2 * oracle.out_bar
+    for schedule in ("ascending", "spt", "descending") + (("arrival",) if causal else ("shift",)):
+        grads = dispatch.attention_backward(do, q, k, v, out, lse, softmax_scale=128 ** -0.5, causal=causal,
+                                            schedule=schedule, deterministic=schedule != "atomic", backend="hopper",
+                                            **spec)
+        for name, x, r, bar in zip(("dq", "dk", "dv"), grads, oracle.grads, oracle.grad_bars):
+            assert torch.isfinite(x).all(), f"{schedule} {name}: NaN/inf"
+            assert rel(flat(x), r) <= 2 * bar, f"{schedule} {name}: {rel(flat(x), r):.2e} > 2 x {bar:.2e}"
+
+
+def test_auto_runs_packed_batches_here_and_says_why_where_not():
+    g = torch.Generator(device="cuda").manual_seed(6)
+    cu = torch.tensor([0, 1000, 4096], device="cuda", dtype=torch.int32)
+    q, k, v = (torch.randn(4096, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
+               for _ in range(3))
+    out = dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    got = dash_plugin.last_resolved()
+    assert (got.concrete_backend, got.concrete_schedule) == ("hopper", "descending"), got.describe()
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    want = torch.autograd.grad(dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
+                                                           backend="triton", schedule="split"),
+                               (q, k, v), torch.ones_like(out))
+    assert all(rel(a, b.double().cpu()) < 2e-2 for a, b in zip(grads, want))
+    dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, dropout_p=0.1)
+    got = dash_plugin.last_resolved()
+    assert got.concrete_backend == "triton" and "hopper: dropout with varlen runs on the Triton backend" in got.describe()
+    with pytest.raises(ValueError, match="backend='hopper' cannot run this call: schedule='arrival' with varlen"):
+        dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, backend="hopper",
+                                    schedule="arrival")
