@@ -55,9 +55,9 @@ from dash_plugin.kernels import attn_fwd, backends, hopper, hopper_backend, trit
 
 
 def _fwd_stub(q, k, v, **_):
-    """(out, lse) as the forward kernels return them: like q, and fp32 (B, H, S)."""
-    return torch.empty_like(q), torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device,
-                                            dtype=torch.float32)
+    """(out, lse) as the forward kernels return them: like q, and fp32 (B, H, S), packed (H, T)."""
+    lse_shape = (q.shape[1], q.shape[0]) if q.dim() == 3 else (q.shape[0], q.shape[2], q.shape[1])
+    return torch.empty_like(q), torch.empty(lse_shape, device=q.device, dtype=torch.float32)
 
 
 def _bwd_stub(dout, q, k, v, *_, **__):

@@ -320,8 +320,8 @@ def test_auto_on_this_backend_picks_an_order_it_runs(monkeypatch, kw, want):
 
 def test_which_calls_may_leave_a_query_row_without_keys():
     from dash_plugin.kernels.hopper.masks import may_have_empty_rows
-    assert may_have_empty_rows(True, False, 2048, 1024)        # causal, more queries than keys
-    assert not may_have_empty_rows(True, False, 1024, 2048)
-    assert not may_have_empty_rows(True, False, 2048, 2048)
-    assert not may_have_empty_rows(False, True, 2048, 1024)    # full mask: every row sees every key
-    assert may_have_empty_rows(True, True, 2048, 2048)         # packed: lengths not read on the host
+    assert may_have_empty_rows(True, [2048], [1024])              # causal, more queries than keys
+    assert not may_have_empty_rows(True, [1024], [2048])
+    assert not may_have_empty_rows(True, [2048], [2048])
+    assert not may_have_empty_rows(False, [2048], [1024])         # full mask: every row sees every key
+    assert may_have_empty_rows(True, [10, 700, 0], [10, 300, 0])  # packed: any one sequence

@@ -140,3 +140,29 @@ def test_gpu_host_cost_wraps_and_restores_what_it_times():
     assert timed.calls == {"f": 2, "kernel": 1} and all(us >= 0 for us in timed.us.values())
     timed.undo()
     assert module.f is real_f and table["kernel"] is real_kernel
+
+
+def test_a_packed_call_reads_its_offsets_from_the_device_once():
+    """Reading cu_seqlens on the host waits for the GPU to drain its queue. The API's check, the
+    Hopper path's plan and the backward all need the lengths: one read per offsets tensor, kept
+    on it; an in-place change makes the next reader read again."""
+    from dash_plugin.kernels.varlen import seqlens_of
+    host_overhead = _script()
+    reads = []
+    real_tolist = torch.Tensor.tolist
+
+    def tolist(self):
+        if self is cu:
+            reads.append(self.numel())
+        return real_tolist(self)
+
+    cu = torch.tensor([0, 300, 300, 1000], dtype=torch.int32)
+    q, k, v = (torch.empty(1000, 2, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    with host_overhead.stubbed("hopper"), mock.patch.object(torch.Tensor, "tolist", tolist):
+        out = dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+        assert dash_plugin.last_resolved().concrete_backend == "hopper"
+        torch.autograd.backward(out, torch.zeros_like(out))
+        assert reads == [4]
+        assert seqlens_of(cu, 1000) == [300, 0, 700] and reads == [4]
+        cu[1] = 200   # in place: read again, and the new lengths are the ones returned
+        assert seqlens_of(cu, 1000) == [200, 100, 700] and reads == [4, 4]

@@ -27,6 +27,7 @@ from flash_attn.cute.cute_dsl_utils import maybe_contiguous, to_cute_aux_tensor,
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
 from ..dropout_bits import BitLayout, bits_for_kernel
+from ..varlen import seqlens_of
 from . import dropout_sm90
 from .fwd_key import forward_key
 from .masks import fa4_mask, may_have_empty_rows
@@ -75,10 +76,13 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     if varlen:
         total_q, heads, head_dim = q.shape
         lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
+        # checked on the host (kept on the tensors: the caller's check read them already)
+        lengths = seqlens_of(cu_seqlens_q, total_q, "cu_seqlens_q"), seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
         cu_seqlens_q, cu_seqlens_k = (t.to(torch.int32).contiguous() for t in (cu_seqlens_q, cu_seqlens_k))
     else:
         batch, seqlen_q, heads, head_dim = q.shape
         lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
+        lengths = [seqlen_q], [k.shape[1]]
     if q.numel() == 0 or k.numel() == 0:   # nothing to launch; no key is visible: softmax of nothing
         return out.zero_(), lse.fill_(float("inf"))
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
@@ -100,7 +104,7 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
                                            window_size_left, window_size_right, aux)
     kernel(q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, None, None, None, window_size_left,
            window_size_right, None, None, fa4_utils.AuxData(aux, None), None, None)
-    if may_have_empty_rows(causal or local, varlen, q.shape[-3], k.shape[-3]):
+    if may_have_empty_rows(causal or local, *lengths):
         # FA4 writes -inf for a row that sees no key; ours is +inf (docs/INTERNALS.md), which the
         # backward reads as P = 0 as well.
         lse.masked_fill_(lse == float("-inf"), float("inf"))

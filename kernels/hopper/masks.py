@@ -19,8 +19,8 @@ def fa4_mask(causal: bool, window_left: int, window_right: int):
     return False, True, (None if window_left < 0 else window_left), (None if right < 0 else right)
 
 
-def may_have_empty_rows(masked: bool, varlen: bool, rows_q: int, rows_k: int) -> bool:
+
+def may_have_empty_rows(masked: bool, seqlens_q, seqlens_k) -> bool:
     """Whether a query row can see no key: under a causal or windowed mask (`masked`) where a
-    sequence has more queries than keys (bottom-right alignment). A packed batch's lengths are
-    not read on the host for this, so any packed batch may."""
-    return masked and (varlen or rows_q > rows_k)
+    sequence (lengths per sequence) has more queries than keys (bottom-right alignment)."""
+    return masked and any(a > b for a, b in zip(seqlens_q, seqlens_k))
