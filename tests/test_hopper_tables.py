@@ -296,9 +296,9 @@ def test_packed_batches_and_unequal_lengths_run_here(monkeypatch):
     (dict(causal=True, head_dim=128, varlen=True), "descending"),
     (dict(causal=True, head_dim=64, varlen=True), "spt"),
     (dict(causal=False, head_dim=128, varlen=True), "ascending"),
-    (dict(causal=True, head_dim=128, seqlen_q=1024), "descending"),   # fewer queries than keys
-    (dict(causal=True, head_dim=128, window_left=1024), "descending"),
-    (dict(causal=False, head_dim=64, window_left=512, window_right=512), "descending"),
+    (dict(causal=True, head_dim=128, seqlen_q=1024), "ascending"),   # fewer queries than keys
+    (dict(causal=True, head_dim=128, window_left=1024), "spt"),
+    (dict(causal=False, head_dim=64, window_left=512, window_right=512), "spt"),
     (dict(causal=True, head_dim=128), "arrival"),
 ])
 def test_auto_on_this_backend_picks_an_order_it_runs(monkeypatch, kw, want):

@@ -12,21 +12,24 @@ run time.
 
 RULES = [
     # Packed batches run the acyclic orders on this backend (shift and arrival launch their groups
-    # head by head, which it does for dense batches only); sliding windows and unequal lengths
-    # take the order that is fastest at the causal mask they resemble.
-    {'mask': 'window', 'schedule': 'descending',
-     'source': 'inferred from the causal rows: descending within 2-5 % of the best order at hdim128 causal'},
+    # head by head, which it does for dense batches only). Measured with scripts/gpu_varlen_bench.py,
+    # docs/benchmarks/varlen-2026-11-24-h100/ (H100, median of 3 interleaved rounds).
+    {'mask': 'window', 'schedule': 'spt',
+     'source': 'measured H100 hdim128 8k causal window 2047: spt 467.8, descending 461.0, ascending 255.1; '
+               'band 512/512: spt 389.3, descending 382.9, ascending 159.3'},
     {'mask': 'causal', 'varlen': True, 'head_dim_max': 64, 'schedule': 'spt',
-     'source': 'inferred from the dense hdim64 causal rows below (spt from 2k)'},
+     'source': 'measured H100 hdim64 causal, 7 documents of 256-4k tokens: spt 386.8, descending 342.9, '
+               'ascending 342.8'},
     {'mask': 'causal', 'varlen': True, 'schedule': 'descending',
-     'source': 'inferred from the dense hdim128 causal rows below: descending, next to arrival, which packed '
-               'batches do not run here'},
-    {'mask': 'causal', 'equal_lengths': False, 'schedule': 'descending',
-     'source': 'inferred: with fewer queries than keys several KV tiles reach the first row together, '
-               'and arrival has no computed order there'},
+     'source': 'measured H100 hdim128 causal, 7 documents of 256-4k tokens: descending 415.2, spt 401.4, '
+               'ascending 374.0 (GQA 4:1: spt 375.5, descending 371.0; 29 documents of 64-1k: spt 208.4, '
+               'descending 206.6)'},
+    {'mask': 'causal', 'equal_lengths': False, 'schedule': 'ascending',
+     'source': 'measured H100 hdim128 causal 4 x (1k queries, 4k keys): ascending 473.7, descending 459.6, '
+               'spt 454.8, arrival 314.7 (several KV tiles reach the first row together: no computed order)'},
     {'mask': 'full', 'varlen': True, 'schedule': 'ascending',
-     'source': 'inferred from the dense full rows below (shift, the alternative, needs groups launched head by '
-               'head)'},
+     'source': 'measured H100 hdim128 full, 7 documents of 256-4k tokens: spt 509.3, ascending 502.6 (a tie), '
+               'descending 445.6'},
     {'mask': 'causal', 'head_dim_max': 64, 'seqlen_max': 1024, 'schedule': 'ascending',
      'source': 'measured H100 hdim64 causal s=1024: ascending 265.4, spt 256.8, descending 248.9'},
     {'mask': 'causal', 'head_dim_max': 64, 'schedule': 'spt',
