@@ -140,6 +140,36 @@ def bench_ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def time_rounds(impls: dict, repeat: int) -> dict:
+    """{name: [ms per round] or None if it failed}: every column once per round, rounds
+    interleaved, so a slow spell of the GPU hits all columns alike instead of one."""
+    times = {name: [] for name in impls}
+    for _ in range(repeat):
+        for name, fn in impls.items():
+            if times[name] is None:
+                continue
+            try:
+                times[name].append(bench_ms(fn))
+            except Exception as exc:  # noqa: BLE001
+                times[name] = None
+                print(f"  {name}: ERROR {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+    return times
+
+
+def gpu_environment() -> dict:
+    """The GPU, its SM count, the versions and the date, for a record."""
+    import triton
+    props = torch.cuda.get_device_properties(0)
+    env = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+           "triton": triton.__version__, "date": time.strftime("%Y-%m-%d")}
+    try:
+        from importlib.metadata import version
+        env.update({"flash-attn-4": version("flash-attn-4"), "nvidia-cutlass-dsl": version("nvidia-cutlass-dsl")})
+    except Exception:  # noqa: BLE001
+        pass
+    return env
+
+
 def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True):
     fa4 = have_fa4()
     for d in hdims:
@@ -157,18 +187,7 @@ def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True)
                 if fa4:
                     impls["fa4-det"] = lambda: fa4_bwd(q, k, v, out, lse, do, causal, True)
                     impls["fa4"] = lambda: fa4_bwd(q, k, v, out, lse, do, causal, False)
-                # Every column once per round, rounds interleaved, the median round kept: a slow
-                # spell of the GPU then hits all columns alike instead of one.
-                times = {name: [] for name in impls}
-                for _ in range(repeat):
-                    for name, fn in impls.items():
-                        if times[name] is None:
-                            continue
-                        try:
-                            times[name].append(bench_ms(fn))
-                        except Exception as exc:  # noqa: BLE001
-                            times[name] = None
-                            print(f"  {name}: ERROR {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                times = time_rounds(impls, repeat)
                 for name, ts in times.items():
                     row[name] = None if not ts else round(flops / sorted(ts)[len(ts) // 2] / 1e9, 1)
                     if ts and repeat > 1:
@@ -196,15 +215,7 @@ def main():
     ap.add_argument("--no-triton", action="store_true", help="time stage: leave out the Triton split column")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
-    props = torch.cuda.get_device_properties(0)
-    import triton
-    env = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-           "triton": triton.__version__, "date": time.strftime("%Y-%m-%d")}
-    try:
-        from importlib.metadata import version
-        env.update({"flash-attn-4": version("flash-attn-4"), "nvidia-cutlass-dsl": version("nvidia-cutlass-dsl")})
-    except Exception:  # noqa: BLE001
-        pass
+    env = gpu_environment()
     print(env, flush=True)
     results = {"env": env, "check": [], "det": [], "time": []}
     stages = a.stages.split(",")

@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 
@@ -21,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 from dash_plugin import dispatch  # noqa: E402
 from dash_plugin.kernels.hopper.masks import fa4_mask as fa4_mask_of  # noqa: E402
-from gpu_hopper_bwd import bench_ms, have_fa4  # noqa: E402
+from gpu_hopper_bwd import gpu_environment, have_fa4, time_rounds  # noqa: E402
 
 DTYPE = torch.bfloat16
 TOKENS = 16384
@@ -85,15 +84,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
-    props = torch.cuda.get_device_properties(0)
-    import triton
-    env = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-           "triton": triton.__version__, "date": time.strftime("%Y-%m-%d")}
-    try:
-        from importlib.metadata import version
-        env.update({"flash-attn-4": version("flash-attn-4"), "nvidia-cutlass-dsl": version("nvidia-cutlass-dsl")})
-    except Exception:  # noqa: BLE001
-        pass
+    env = gpu_environment()
     print(env, flush=True)
     fa4 = have_fa4()
     rows = []
@@ -130,16 +121,7 @@ def main():
             fwd["fa4-fwd"] = lambda: _flash_attn_fwd(q, k, v, softmax_scale=scale, return_lse=True,
                                                      **fa4_mask, **kw)
         impls = {**bwd, **fwd}
-        times = {n: [] for n in impls}
-        for _ in range(a.repeat):
-            for n, fn in impls.items():
-                if times[n] is None:
-                    continue
-                try:
-                    times[n].append(bench_ms(fn))
-                except Exception as exc:  # noqa: BLE001
-                    times[n] = None
-                    print(f"  {n}: ERROR {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        times = time_rounds(impls, a.repeat)
         row = {"point": name, "hdim": d, "gqa": gqa, "causal": causal, "window": [left, right],
                "sequences": len(seqs) if seqs is not None else dense[0],
                "lengths": [list(s) for s in seqs] if seqs is not None else list(dense), "fwd_gflop": fwd_flops / 1e9}

@@ -1,0 +1,54 @@
+"""scripts/gpu_varlen_bench.py's host-side pieces, on the CPU: the FLOPs it divides by count the
+visible pairs of the mask exactly, the documents fill the token budget, and the interleaved
+timing rounds keep failing columns apart."""
+import sys
+
+import pytest
+import torch
+
+from tests.script_modules import SCRIPTS, load_script
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(SCRIPTS))   # it imports gpu_hopper_bwd beside it
+    try:
+        yield load_script("gpu_varlen_bench")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+@pytest.mark.parametrize("sq, sk", [(7, 7), (5, 9), (9, 5), (1, 4), (4, 1)])
+@pytest.mark.parametrize("left, right", [(-1, -1), (-1, 0), (2, 0), (1, 3), (-1, 2), (0, 0)])
+def test_visible_pairs_count_the_mask(bench, sq, sk, left, right):
+    i = torch.arange(sq)[:, None] + (sk - sq)   # bottom-right aligned, as the kernels
+    j = torch.arange(sk)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    if left >= 0:
+        ok &= j >= i - left
+    if right >= 0:
+        ok &= j <= i + right
+    assert bench.visible_pairs(sq, sk, left, right) == int(ok.sum())
+
+
+def test_documents_fill_the_token_budget_within_their_range(bench):
+    lens = bench.doc_lengths(256, 4096, seed=0)
+    assert sum(lens) == bench.TOKENS and all(0 < n <= 4096 for n in lens)
+    assert all(n >= 256 for n in lens[:-1])   # only the last one is cut
+    assert lens == bench.doc_lengths(256, 4096, seed=0)
+
+
+def test_rounds_interleave_and_a_failing_column_drops_out(bench, monkeypatch):
+    hopper_bwd = sys.modules["gpu_hopper_bwd"]
+    calls = []
+    monkeypatch.setattr(hopper_bwd, "bench_ms", lambda fn: fn())
+
+    def ok(name, ms):
+        return lambda: calls.append(name) or ms
+
+    def broken():
+        calls.append("broken")
+        raise RuntimeError("no kernel")
+    times = hopper_bwd.time_rounds({"a": ok("a", 1.0), "broken": broken, "b": ok("b", 2.0)}, 3)
+    assert times == {"a": [1.0, 1.0, 1.0], "broken": None, "b": [2.0, 2.0, 2.0]}
+    assert calls == ["a", "broken", "b", "a", "b", "a", "b"]
