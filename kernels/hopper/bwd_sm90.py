@@ -533,8 +533,9 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     if varlen:
         if dropout_p > 0:
             raise ValueError("the Hopper backward runs dropout on dense batches only (varlen: the Triton backend)")
-        if tables.visit is None:
-            raise ValueError("a packed batch needs an order the kernel computes (visit_tables.batch_tables)")
+        if tables.visit is None or tables.group_size > 1:
+            raise ValueError("a packed batch runs an acyclic order the kernel computes (visit_tables.batch_tables; "
+                             "no head-by-head launch for packed batches)")
         total_q, heads, head_dim = q.shape
         total_k, heads_kv = k.shape[0], k.shape[1]
         batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
@@ -606,8 +607,6 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout, keep_bits,
            sem_cols, varlen)
     if key not in _compiled:
-        if varlen and head_by_head:
-            raise ValueError("a packed batch runs the acyclic orders only (no head-by-head varlen launch)")
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
             dtype, head_dim, head_dim, group, causal, is_local=local, deterministic=deterministic,

@@ -109,4 +109,3 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
         # backward reads as P = 0 as well.
         lse.masked_fill_(lse == float("-inf"), float("inf"))
     return out, lse
-
