@@ -3,8 +3,8 @@ plan, and the sm90 forward (docs/hopper-backend.md).
 
 It covers dense and packed (varlen) batches, equal or unequal query/key lengths (masks
 bottom-right aligned), causal, full and sliding-window masks, softcap, head dims 64/96/128 in
-fp16/bf16, and dropout on dense batches (not with softcap); packed batches run the acyclic
-orders (every wait points to an earlier-launched KV tile). `supports` names what else is
+fp16/bf16, and dropout on dense batches (not with softcap); packed batches run every order but
+`shift`, each sequence's from its own lengths (`arrival` up to 64 KV tiles per sequence). `supports` names what else is
 missing, and the `auto` rule then takes the Triton backend.
 """
 from __future__ import annotations
@@ -36,10 +36,6 @@ class HopperTiles(NamedTuple):
     group_size: int | None   # the largest cyclic group this grid keeps co-resident (shift only)
 
 
-# Orders whose waits may be cyclic inside a group of KV tiles, which must then be co-resident.
-_CO_RESIDENT_GROUPS = ("shift", "arrival")
-
-
 class HopperBackend:
     name = "hopper"
 
@@ -58,17 +54,26 @@ class HopperBackend:
         if r.head_dim not in hopper.HEAD_DIMS:
             return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
         causal = hopper.fa4_mask(r.causal, r.window_left, r.window_right)[0]   # however it is spelled
+        # arrival keeps a sequence's KV tiles in one co-resident group; a longer one falls back
+        whole_head = self._whole_head_keys(r) if r.varlen and r.schedule == "arrival" else None
         for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"),
                               (r.softcap and r.dropout, "softcap with dropout"),
                               (r.varlen and r.dropout, "dropout with varlen"),
-                              (r.varlen and r.schedule in _CO_RESIDENT_GROUPS,
-                               f"schedule={r.schedule!r} with varlen (its groups are launched head by head, "
-                               "which this backend does for dense batches only)"),
+                              (r.varlen and r.schedule == "shift",
+                               "schedule='shift' with varlen (a sequence with fewer queries than keys would "
+                               "take another order)"),
+                              (whole_head is not None and r.seqlen_k > whole_head,
+                               f"schedule='arrival' with varlen and sequences over {whole_head} keys "
+                               "(a longer one takes another order)"),
                               (causal and r.schedule == "shift",
                                "the causal symmetric shift (two KV tiles per worker)")):
             if missing:
                 return f"{what} runs on the Triton backend"
         return True
+
+    def _whole_head_keys(self, r) -> int:
+        """The longest sequence whose KV tiles form one co-resident group (arrival's whole head)."""
+        return hopper.RESIDENT_SLOTS * self.tiles(r).block_n
 
     def tiles(self, r) -> HopperTiles:
         causal, local, _, _ = hopper.fa4_mask(r.causal, r.window_left, r.window_right)

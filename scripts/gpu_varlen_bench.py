@@ -106,7 +106,7 @@ def main():
         fa4_causal, _, fa4_left, fa4_right = fa4_mask_of(causal, left, right)
         fa4_mask = dict(causal=fa4_causal, window_size_left=fa4_left, window_size_right=fa4_right)
         bwd = {f"cute-{s}": (lambda s=s: ours(s)) for s in ("ascending", "spt", "descending", "atomic")}
-        if seqs is None and causal and left < 0:
+        if causal and left < 0:
             bwd["cute-arrival"] = lambda: ours("arrival")
         bwd["triton-split"] = lambda: ours("split", backend="triton")
         fwd = {"cute-fwd": lambda: dispatch.attention_forward(q, k, v, softmax_scale=scale, backend="hopper",

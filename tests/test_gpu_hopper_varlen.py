@@ -20,12 +20,13 @@ import torch
 import dash_plugin
 from dash_plugin import dispatch
 from dash_plugin.kernels import hopper
+from dash_plugin.schedules import auto
 from tests.gpu_oracle import HOPPER_SKIP, packed_oracle_and_bf16_math, rel
 from tests.hardening_helpers import count_mismatching_passes, gpu_load, hang_guard
 
 pytestmark = [pytest.mark.gpu, HOPPER_SKIP]
 
-PACKED = ("ascending", "spt", "descending", "atomic")   # the orders packed batches run here
+PACKED = ("ascending", "spt", "descending", "arrival", "atomic")   # the orders packed batches run here
 N_PASSES = int(os.environ.get("DASH_DETERMINISM_PASSES", "1000"))
 # Per sequence (queries, keys): ragged, one empty, more queries than keys and the reverse.
 LENGTHS = ((1000, 1000), (129, 129), (0, 0), (2048, 2048), (700, 300), (256, 1100), (1, 1))
@@ -110,7 +111,7 @@ def test_packed_forward_and_the_order_fa4_also_runs_give_fa4s_bits(causal, gqa):
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
-@pytest.mark.parametrize("schedule", ("descending", "spt", "ascending"))
+@pytest.mark.parametrize("schedule", ("descending", "spt", "ascending", "arrival"))
 @pytest.mark.parametrize("gqa", (1, 4))
 def test_a_sequence_gives_the_same_bits_whatever_it_is_packed_with(schedule, gqa):
     """The order of every dQ add is a function of the sequence's own lengths, so a sequence's
@@ -132,7 +133,7 @@ def test_a_sequence_gives_the_same_bits_whatever_it_is_packed_with(schedule, gqa
 
 
 @pytest.mark.parametrize("schedule, causal, gqa", [("descending", True, 1), ("spt", True, 4),
-                                                    ("ascending", False, 4)],
+                                                    ("ascending", False, 4), ("arrival", True, 1)],
                          ids=lambda x: x if isinstance(x, str) else str(x))
 def test_packed_bitwise_equal_over_many_passes_under_another_process(schedule, causal, gqa):
     p = packed(((1000, 1000), (3000, 3000), (129, 129), (2048, 2048), (0, 0), (4000, 4000)), 16, 16 // gqa, 128,
@@ -175,6 +176,32 @@ def test_unequal_lengths_match_float64_oracle(b, sq, sk, mask):
             assert rel(flat(x), r) <= 2 * bar, f"{schedule} {name}: {rel(flat(x), r):.2e} > 2 x {bar:.2e}"
 
 
+@pytest.mark.parametrize("sq, sk", [(1000, 2048), (2048, 1000)])
+def test_arrival_with_unequal_lengths_computes_the_bits_of_its_tables(sq, sk):
+    """Where keys outnumber queries several KV tiles reach the first row together and add last;
+    the kernel's arithmetic must give the plan's order, so reading the tables gives the same bits."""
+    import dataclasses
+    from dash_plugin.kernels.backends import DeviceProps, Request
+    from dash_plugin.kernels.hopper import bwd_sm90, tables_of
+    from dash_plugin.kernels.hopper_backend import BACKEND
+    from dash_plugin.schedules.plan import AttentionShape, launch_plan
+    req = Request(torch.device("cuda"), torch.bfloat16, 128, "arrival", "ordered", False, sq, sk, True, -1, 0)
+    plan = launch_plan(AttentionShape(1, 4, 4, (sq,), (sk,), False, True, -1, 0), "arrival",
+                       tiles=BACKEND.tiles(req), device=DeviceProps(132))
+    tables = tables_of(plan.schedule.sequences[0])
+    assert tables.visit == "arrival"
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q, do = (torch.randn(1, sq, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(1, sk, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    out, lse = hopper.attention_forward(q, k, v, softmax_scale=128 ** -0.5, causal=True)
+    run = lambda t: bwd_sm90.attention_backward(do, q, k, v, out, lse, softmax_scale=128 ** -0.5,  # noqa: E731
+                                                causal=True, tables=t, deterministic=True)
+    with hang_guard(120):
+        computed, read = run(tables), run(dataclasses.replace(tables, visit=None))
+        torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(computed, read))
+
+
 def test_auto_runs_packed_batches_here_and_says_why_where_not():
     g = torch.Generator(device="cuda").manual_seed(6)
     cu = torch.tensor([0, 1000, 4096], device="cuda", dtype=torch.int32)
@@ -182,7 +209,9 @@ def test_auto_runs_packed_batches_here_and_says_why_where_not():
                for _ in range(3))
     out = dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
     got = dash_plugin.last_resolved()
-    assert (got.concrete_backend, got.concrete_schedule) == ("hopper", "descending"), got.describe()
+    table = auto.choose_schedule(causal=True, head_dim=128, seqlen_q=3096, seqlen_k=3096, varlen=True,
+                                 backend="hopper")
+    assert (got.concrete_backend, got.concrete_schedule) == ("hopper", table), got.describe()
     grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     want = torch.autograd.grad(dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True,
                                                            backend="triton", schedule="split"),
@@ -190,7 +219,7 @@ def test_auto_runs_packed_batches_here_and_says_why_where_not():
     assert all(rel(a, b.double().cpu()) < 2e-2 for a, b in zip(grads, want))
     dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, dropout_p=0.1)
     got = dash_plugin.last_resolved()
-    assert got.concrete_backend == "triton" and "hopper: dropout with varlen runs on the Triton backend" in got.describe()
-    with pytest.raises(ValueError, match="backend='hopper' cannot run this call: schedule='arrival' with varlen"):
-        dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, backend="hopper",
-                                    schedule="arrival")
+    assert got.concrete_backend == "triton"
+    assert "hopper: dropout with varlen runs on the Triton backend" in got.describe()
+    with pytest.raises(ValueError, match="backend='hopper' cannot run this call: schedule='shift' with varlen"):
+        dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="hopper", schedule="shift")

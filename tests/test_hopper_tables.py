@@ -267,6 +267,32 @@ def test_packed_batches_of_the_acyclic_orders_run_one_computed_order(schedule, v
         assert tables.kv_descending == (schedule == "spt")
 
 
+@pytest.mark.parametrize("d", (64, 96, 128))
+def test_packed_batches_of_arrival_run_one_computed_order_in_one_group_per_sequence(d):
+    """arrival on a packed batch: every sequence (up to 64 KV tiles, more queries than keys or
+    fewer) follows the closed form, with the longest sequence's group as the compiled one."""
+    for seed in range(4):
+        lengths = [(min(a, 8192), min(b, 8192)) for a, b in random_lengths(seed)] + [(8192, 8192)]
+        plan = packed_plan("arrival", lengths, d, True)
+        tables = batch_tables(plan.schedule.sequences)
+        check_waits_follow_launch(tables)
+        assert tables.visit == "arrival" and not tables.kv_descending
+        assert tables.group_size == -(-8192 // bwd_tiles(d, True)[1])
+
+
+@pytest.mark.parametrize("sq, sk", [(1000, 2048), (128, 4096), (2048, 1000), (700, 300), (300, 700)])
+def test_arrival_with_unequal_lengths_is_the_computed_order(sq, sk):
+    """Where keys outnumber queries several KV tiles reach the first row together: they add
+    after the others, in KV order, and the kernel's closed form says so."""
+    shape = AttentionShape(1, 1, 1, (sq,), (sk,), False, True, -1, 0)
+    req = Request(torch.device("cuda"), torch.bfloat16, 128, "arrival", "ordered", False, sq, sk, True, -1, 0)
+    seq = launch_plan(shape, "arrival", tiles=BACKEND.tiles(req), device=DeviceProps(132)).schedule.sequences[0]
+    assert seq.variant == "arrival"
+    for w in seq.workers:
+        got = closed_form_visits("arrival", seq.geometry, w.segments[0].kv, group_size=seq.group_size)
+        assert got == list(zip(w.segments[0].q_tiles, w.segments[0].ranks))
+
+
 def test_a_packed_batch_whose_sequences_take_different_orders_is_refused():
     # arrival keeps a head in one group up to 64 KV tiles; a longer sequence falls back to descending
     plan = packed_plan("arrival", [(1000, 1000), (9000, 9000)], 128, True)
@@ -283,9 +309,11 @@ def test_packed_batches_and_unequal_lengths_run_here(monkeypatch):
     def packed(schedule, causal=True, **kw):
         return Request(torch.device("cuda"), torch.bfloat16, 128, schedule, registry.get(schedule).kernel_mode, True,
                        4096, 4096, causal, -1, 0 if causal else -1, **kw)
-    for schedule in ("ascending", "spt", "descending", "atomic"):
+    for schedule in ("ascending", "spt", "descending", "atomic", "arrival"):
         assert BACKEND.supports(packed(schedule)) is True
-    assert BACKEND.supports(packed("arrival")).startswith("schedule='arrival' with varlen")
+    long = Request(torch.device("cuda"), torch.bfloat16, 128, "arrival", "ordered", True, 8193, 8193, True, -1, 0)
+    assert BACKEND.supports(long) == ("schedule='arrival' with varlen and sequences over 8192 keys (a longer one "
+                                      "takes another order) runs on the Triton backend")
     assert BACKEND.supports(packed("shift", causal=False)).startswith("schedule='shift' with varlen")
     assert BACKEND.supports(packed("descending", dropout=True)) == "dropout with varlen runs on the Triton backend"
     unequal = Request(torch.device("cuda"), torch.bfloat16, 128, "arrival", "ordered", False, 1024, 4096, True, -1, 0)

@@ -29,12 +29,12 @@ def available() -> bool:
 def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_left: int = -1,
                       window_right: int = -1, softcap: float = 0.0, dropout_p: float = 0.0, seed: int = 0,
                       cu_seqlens_q=None, cu_seqlens_k=None):
-    """(out, lse) of dense (B, S, H, D) or packed (T, H, D) fp16/bf16 inputs: FA4's sm90 forward kernel (warp-specialised,
-    TMA loads, `wgmma`, softmax overlapped with the next tile's products), compiled and launched by
-    fwd_sm90. No split-KV combine, so the output does not depend on timing; lse is the natural-log
-    (B, H, S) fp32 (packed: (H, T)) that the backward reads. Windows and softcap as in masks.py. With dropout_p > 0
-    the kernel is our subclass that drops P in registers (dropout_sm90), with the mask of
-    kernels/philox.py."""
+    """(out, lse) of dense (B, S, H, D) or packed (T, H, D) fp16/bf16 inputs: FA4's sm90 forward
+    kernel (warp-specialised, TMA loads, `wgmma`, softmax overlapped with the next tile's products),
+    compiled and launched by fwd_sm90. No split-KV combine, so the output does not depend on
+    timing; lse is the natural-log (B, H, S) fp32 (packed: (H, T)) that the backward reads. Windows
+    and softcap as in masks.py. With dropout_p > 0 the kernel is our subclass that drops P in
+    registers (dropout_sm90), with the mask of kernels/philox.py."""
     from . import fwd_sm90
     return fwd_sm90.attention_forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_left=window_left,
                                       window_right=window_right, softcap=softcap, dropout_p=dropout_p, seed=seed,

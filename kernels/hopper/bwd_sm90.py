@@ -40,7 +40,7 @@ from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch, to_cute_bloc
 from flash_attn.cute.cute_dsl_utils import to_cute_aux_tensor, to_cute_tensor, torch2cute_dtype_map
 from flash_attn.cute import flash_bwd_sm90
 from flash_attn.cute.flash_bwd_sm90 import FlashAttentionBackwardSm90
-from flash_attn.cute.tile_scheduler import SingleTileLPTBwdScheduler
+from flash_attn.cute.tile_scheduler import SingleTileLPTBwdScheduler, SingleTileVarlenScheduler
 from flash_attn.cute.named_barrier import NamedBarrierBwd
 from quack import copy_utils, layout_utils
 
@@ -133,7 +133,10 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         if const_expr(self.visit == "arrival"):   # FA4's ascending loop, ranks in arrival order
             m_block = m_min + step
             n_max = block_info.get_n_block_min_max(seqlen, m_block)[1]
-            rank = n_max - 1 - n_block
+            # The KV tiles the first Q tile sees reach every row at one step, after the others (more
+            # than one only where keys outnumber queries): they add last, in KV order.
+            tied = cutlass.max(block_info.get_n_block_min_max(seqlen, 0)[1], 0)
+            rank = Int32(cutlass.select_(n_block < tied, n_max - tied + n_block, n_max - 1 - n_block))
         elif const_expr(self.visit in ("ascending", "descending")):
             m_block = m_min + step if const_expr(self.visit == "ascending") else m_max - 1 - step
             n_min, n_max = block_info.get_n_block_min_max(seqlen, m_block)
@@ -442,22 +445,26 @@ class _VisitRows:
 
 @contextmanager
 def _launch_head_by_head(enabled: bool):
-    """While FA4's __call__ builds its grid, its deterministic tile scheduler launches the KV
-    tiles of one head after another (no interleaving of heads for L2 reuse), so a cyclic shift
-    group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS). It swaps
-    a module global of FA4's for the compile (FA4's __call__ names the class directly), under a lock
-    so that two of our compiles never interleave the swap; a compile of FA4's own backward in
-    another thread at that moment would still see it."""
+    """While FA4's __call__ builds its grid, its tile schedulers (dense deterministic, and packed)
+    launch the KV tiles of one head after another (no interleaving of heads for L2 reuse), so a
+    cyclic group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS).
+    It swaps module globals of FA4's for the compile (FA4's __call__ names the classes directly),
+    under a lock so that two of our compiles never interleave the swap; a compile of FA4's own
+    backward in another thread at that moment would still see it."""
     if not enabled:
         yield
         return
+    swaps = {"SingleTileLPTBwdScheduler": _HeadByHeadScheduler,
+             "SingleTileVarlenScheduler": _HeadByHeadVarlenScheduler}
     with _swap_lock:
-        saved = flash_bwd_sm90.SingleTileLPTBwdScheduler
-        flash_bwd_sm90.SingleTileLPTBwdScheduler = _HeadByHeadScheduler
+        saved = {name: getattr(flash_bwd_sm90, name) for name in swaps}
+        for name, cls in swaps.items():
+            setattr(flash_bwd_sm90, name, cls)
         try:
             yield
         finally:
-            flash_bwd_sm90.SingleTileLPTBwdScheduler = saved
+            for name, cls in saved.items():
+                setattr(flash_bwd_sm90, name, cls)
 
 
 _swap_lock = threading.Lock()
@@ -474,6 +481,16 @@ class _HeadByHeadScheduler(SingleTileLPTBwdScheduler):
             params, l2_minor=Int32(1), l2_minor_divmod=one, l2_minor_residual_divmod=one,
             l2_major_divmod=FastDivmodDivisorV2(params.num_block),
             num_hb_quotient=Int32(args.num_head * args.num_batch))
+
+
+class _HeadByHeadVarlenScheduler(SingleTileVarlenScheduler):
+    """FA4's packed-batch scheduler without its head swizzle: inside a sequence, one head's KV
+    tiles after another, from the first up."""
+
+    @staticmethod
+    def to_underlying_arguments(args, **kwargs):
+        return SingleTileVarlenScheduler.to_underlying_arguments(
+            dataclasses.replace(args, head_swizzle=False, lpt=False), **kwargs)
 
 
 def tiles(head_dim: int, causal: bool, local: bool = False):
@@ -533,9 +550,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     if varlen:
         if dropout_p > 0:
             raise ValueError("the Hopper backward runs dropout on dense batches only (varlen: the Triton backend)")
-        if tables.visit is None or tables.group_size > 1:
-            raise ValueError("a packed batch runs an acyclic order the kernel computes (visit_tables.batch_tables; "
-                             "no head-by-head launch for packed batches)")
+        if tables.visit is None:
+            raise ValueError("a packed batch needs an order the kernel computes (visit_tables.batch_tables)")
         total_q, heads, head_dim = q.shape
         total_k, heads_kv = k.shape[0], k.shape[1]
         batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k

@@ -48,7 +48,8 @@ def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, 
         mma_pv_is_rs=cfg.mma_pv_is_rs, mask_mod=None,
         score_mod=fa4_utils.create_softcap_scoremod(softcap) if softcap else None,
         has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False, **extra)
-    cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0) for t in (cu_seqlens_q, cu_seqlens_k)]
+    cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0)
+          for t in (cu_seqlens_q, cu_seqlens_k)]
     return cute.compile(
         kernel, *(to_cute_tensor(t) for t in (q, k, v, out)), to_cute_tensor(lse, assumed_align=4),
         softmax_scale, *cu, None, None, None, window_size_left, window_size_right, None, None,
@@ -77,7 +78,8 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
         total_q, heads, head_dim = q.shape
         lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
         # checked on the host (kept on the tensors: the caller's check read them already)
-        lengths = seqlens_of(cu_seqlens_q, total_q, "cu_seqlens_q"), seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+        lengths = (seqlens_of(cu_seqlens_q, total_q, "cu_seqlens_q"),
+                   seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k"))
         cu_seqlens_q, cu_seqlens_k = (t.to(torch.int32).contiguous() for t in (cu_seqlens_q, cu_seqlens_k))
     else:
         batch, seqlen_q, heads, head_dim = q.shape

@@ -97,7 +97,9 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
     - descending: hi..lo; rank as ascending's;
     - arrival (a whole head in one co-resident group): lo..hi, ranked in order of arrival, which
       under a causal mask is the row's last visible KV tile first: rank = that tile minus kv
-      (the spt ranks, with the KV tiles launched from the first up);
+      (the spt ranks, with the KV tiles launched from the first up); the Z KV tiles that Q tile
+      0 sees (more than one only where keys outnumber queries) reach every row at one step,
+      after the others, and add last in KV order: rank = (last + 1 - Z) + kv;
     - shift (full masks, groups of G consecutive KV tiles from j0): member l = kv - j0 visits
       lo + (l + t) mod L at step t. The rank rule orders a dQ tile's adds by (group, step,
       member): the j0 adds of earlier groups come first, and inside the group member l arrives
@@ -114,7 +116,8 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
     if visit == "descending":
         return [(m, kv - geo.q_range[m][0]) for m in reversed(rows)]
     if visit == "arrival":
-        return [(m, geo.q_range[m][1] - kv) for m in rows]
+        tied = geo.q_range[0][1] + 1 if geo.q_range else 0   # (0, -1) when Q tile 0 sees nothing
+        return [(m, geo.q_range[m][1] + 1 - tied + kv if kv < tied else geo.q_range[m][1] - kv) for m in rows]
     if visit == "shift":
         length = hi - lo + 1
         lane = kv % group_size
