@@ -321,7 +321,8 @@ def test_packed_batches_and_unequal_lengths_run_here(monkeypatch):
 
 
 @pytest.mark.parametrize("kw, want", [
-    (dict(causal=True, head_dim=128, varlen=True), "descending"),
+    (dict(causal=True, head_dim=128, varlen=True), "arrival"),
+    (dict(causal=True, head_dim=128, varlen=True, seqlen_q=16384, seqlen_k=16384), "descending"),
     (dict(causal=True, head_dim=64, varlen=True), "spt"),
     (dict(causal=False, head_dim=128, varlen=True), "ascending"),
     (dict(causal=True, head_dim=128, seqlen_q=1024), "ascending"),   # fewer queries than keys

@@ -11,19 +11,23 @@ run time.
 """
 
 RULES = [
-    # Packed batches run the acyclic orders on this backend (shift and arrival launch their groups
-    # head by head, which it does for dense batches only). Measured with scripts/gpu_varlen_bench.py,
-    # docs/benchmarks/varlen-2026-11-24-h100/ (H100, median of 3 interleaved rounds).
+    # Packed batches, windows and unequal lengths, measured with scripts/gpu_varlen_bench.py,
+    # docs/benchmarks/varlen-2026-11-24-h100/ (H100, median of 3 interleaved rounds). Packed batches
+    # run every order but shift here; arrival while each sequence is one group (64 KV tiles).
     {'mask': 'window', 'schedule': 'spt',
      'source': 'measured H100 hdim128 8k causal window 2047: spt 467.8, descending 461.0, ascending 255.1; '
                'band 512/512: spt 389.3, descending 382.9, ascending 159.3'},
     {'mask': 'causal', 'varlen': True, 'head_dim_max': 64, 'schedule': 'spt',
      'source': 'measured H100 hdim64 causal, 7 documents of 256-4k tokens: spt 386.8, descending 342.9, '
                'ascending 342.8'},
+    {'mask': 'causal', 'varlen': True, 'seqlen_max': 8192, 'schedule': 'arrival',
+     'source': 'measured H100 hdim128 causal, 7 documents of 256-4k tokens: arrival 435.8, descending 408.1, '
+               'spt 399.0 (GQA 4:1: arrival 395.3, spt 375.9; 29 documents of 64-1k: arrival 213.9, spt 208.4; '
+               'hdim64: spt 381.7, arrival 370.0), docs/benchmarks/varlen-2026-11-24-h100/arrival/'},
     {'mask': 'causal', 'varlen': True, 'schedule': 'descending',
-     'source': 'measured H100 hdim128 causal, 7 documents of 256-4k tokens: descending 415.2, spt 401.4, '
-               'ascending 374.0 (GQA 4:1: spt 375.5, descending 371.0; 29 documents of 64-1k: spt 208.4, '
-               'descending 206.6)'},
+     'source': 'measured H100 hdim128 causal, 7 documents of 256-4k tokens, before arrival ran on packed '
+               'batches: descending 415.2, spt 401.4, ascending 374.0 (longer sequences: arrival falls back '
+               'to descending)'},
     {'mask': 'causal', 'equal_lengths': False, 'schedule': 'ascending',
      'source': 'measured H100 hdim128 causal 4 x (1k queries, 4k keys): ascending 473.7, descending 459.6, '
                'spt 454.8, arrival 314.7 (several KV tiles reach the first row together: no computed order)'},
