@@ -4,8 +4,8 @@ plan, and the sm90 forward (docs/hopper-backend.md).
 It covers dense and packed (varlen) batches, equal or unequal query/key lengths (masks
 bottom-right aligned), causal, full and sliding-window masks, softcap, head dims 64/96/128 in
 fp16/bf16, and dropout on dense batches (not with softcap); packed batches run every order but
-`shift`, each sequence's from its own lengths (`arrival` up to 64 KV tiles per sequence). `supports` names what else is
-missing, and the `auto` rule then takes the Triton backend.
+`shift`, each sequence's from its own lengths (`arrival` up to 64 KV tiles per sequence).
+`supports` names what else is missing, and the `auto` rule then takes the Triton backend.
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ interleaved, and the median round kept.
 Usage: python3 scripts/gpu_varlen_bench.py [--points docs,unequal,window] [--repeat 3] [--out DIR]
 """
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -68,10 +69,8 @@ def make(seqs, dense, d, gqa, seed=0):
     if seqs is None:
         b, sq, sk = dense
         return dict(q=rnd(b, sq, hq, d), k=rnd(b, sk, hkv, d), v=rnd(b, sk, hkv, d), do=rnd(b, sq, hq, d), kw={})
-    cq = torch.tensor([0] + [sum(s[0] for s in seqs[:i + 1]) for i in range(len(seqs))], dtype=torch.int32,
-                      device="cuda")
-    ck = torch.tensor([0] + [sum(s[1] for s in seqs[:i + 1]) for i in range(len(seqs))], dtype=torch.int32,
-                      device="cuda")
+    cq, ck = (torch.tensor([0] + list(itertools.accumulate(s[i] for s in seqs)), dtype=torch.int32, device="cuda")
+              for i in (0, 1))
     kw = dict(cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(s[0] for s in seqs),
               max_seqlen_k=max(s[1] for s in seqs))
     tq, tk = int(cq[-1]), int(ck[-1])

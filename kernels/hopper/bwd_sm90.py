@@ -555,7 +555,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
         total_q, heads, head_dim = q.shape
         total_k, heads_kv = k.shape[0], k.shape[1]
         batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
-        cu_seqlens_q, cu_seqlens_k = (t.to(torch.int32).contiguous() for t in (cu_seqlens_q, cu_seqlens_k))
+        cu_seqlens_q, cu_seqlens_k = (t.contiguous() for t in (cu_seqlens_q, cu_seqlens_k))   # int32: checked
     else:
         batch, seqlen_q, heads, head_dim = q.shape
         seqlen_k, heads_kv = k.shape[1], k.shape[2]

@@ -80,7 +80,7 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
         # checked on the host (kept on the tensors: the caller's check read them already)
         lengths = (seqlens_of(cu_seqlens_q, total_q, "cu_seqlens_q"),
                    seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k"))
-        cu_seqlens_q, cu_seqlens_k = (t.to(torch.int32).contiguous() for t in (cu_seqlens_q, cu_seqlens_k))
+        cu_seqlens_q, cu_seqlens_k = (t.contiguous() for t in (cu_seqlens_q, cu_seqlens_k))   # int32: checked
     else:
         batch, seqlen_q, heads, head_dim = q.shape
         lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)

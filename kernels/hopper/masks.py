@@ -19,7 +19,6 @@ def fa4_mask(causal: bool, window_left: int, window_right: int):
     return False, True, (None if window_left < 0 else window_left), (None if right < 0 else right)
 
 
-
 def may_have_empty_rows(masked: bool, seqlens_q, seqlens_k) -> bool:
     """Whether a query row can see no key: under a causal or windowed mask (`masked`) where a
     sequence (lengths per sequence) has more queries than keys (bottom-right alignment)."""

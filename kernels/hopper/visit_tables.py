@@ -146,7 +146,10 @@ def _closed_form_of(seq, kv_descending: bool) -> str | None:
 
 
 def _follows(seq, visit: str, kv_descending: bool, group_size: int) -> bool:
-    """Every visit and rank of `seq` is the closed form's with these parameters."""
+    """Every visit and rank of `seq` is the closed form's with these parameters (one KV tile per
+    worker: a closed form gives one KV tile's walk)."""
+    if any(len(w.segments) != 1 for w in seq.workers):
+        return False
     atomic = all(w.segments[0].ranks is None for w in seq.workers)
     for w in seq.workers:
         seg = w.segments[0]
@@ -169,8 +172,7 @@ def batch_tables(sequences) -> VisitTables:
         raise Unsupported(f"schedule variant {longest.variant!r} has no order the kernel computes, and a packed "
                           "batch cannot read per-sequence lists")
     for seq in distinct:
-        if len(seq.workers[0].segments if seq.workers else ()) > 1 or not _follows(
-                seq, tables.visit, tables.kv_descending, tables.group_size):
+        if not _follows(seq, tables.visit, tables.kv_descending, tables.group_size):
             geo = seq.geometry
             raise Unsupported(f"a sequence of {geo.seqlen_q} queries and {geo.seqlen_k} keys runs {seq.variant!r}, "
                               f"not the {tables.visit} order of the longest ({longest.variant!r})")
