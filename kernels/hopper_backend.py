@@ -2,8 +2,8 @@
 plan, and the sm90 forward (docs/hopper-backend.md).
 
 It covers dense and packed (varlen) batches, equal or unequal query/key lengths (masks
-bottom-right aligned), causal, full and sliding-window masks, softcap, head dims 64/96/128 in
-fp16/bf16, and dropout on dense batches (not with softcap); packed batches run every order but
+bottom-right aligned), causal, full and sliding-window masks, softcap, head dims 64, 96, 128,
+192 and 256 in fp16/bf16, and dropout (not with softcap); packed batches run every order but
 `shift`, each sequence's from its own lengths (`arrival` up to 64 KV tiles per sequence).
 `supports` names what else is missing, and the `auto` rule then takes the Triton backend.
 """
@@ -56,12 +56,15 @@ class HopperBackend:
         causal = hopper.fa4_mask(r.causal, r.window_left, r.window_right)[0]   # however it is spelled
         # arrival keeps a sequence's KV tiles in one co-resident group; a longer one falls back
         whole_head = self._whole_head_keys(r) if r.varlen and r.schedule == "arrival" else None
+        tiles = self.tiles(r)
         for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"),
                               (r.softcap and r.dropout, "softcap with dropout"),
-                              (r.varlen and r.dropout, "dropout with varlen"),
                               (r.varlen and r.schedule == "shift",
                                "schedule='shift' with varlen (a sequence with fewer queries than keys would "
                                "take another order)"),
+                              (r.varlen and r.schedule == "arrival" and tiles.block_m > tiles.block_n,
+                               f"schedule='arrival' with varlen at head_dim={r.head_dim} (KV tiles narrower than "
+                               "Q tiles reach a row together, an order the kernel does not compute)"),
                               (whole_head is not None and r.seqlen_k > whole_head,
                                f"schedule='arrival' with varlen and sequences over {whole_head} keys "
                                "(a longer one takes another order)"),

@@ -7,7 +7,12 @@ FLOPs count the visible (query, key) pairs exactly: forward 4 * D * pairs per he
 2.5x that. Each column is timed once per round (CUDA events, median of do_bench), rounds
 interleaved, and the median round kept.
 
+With --dropout P it times instead forward + backward with dropout P and without, per packed
+point, on the Hopper backend (the schedule `auto` takes there) and on our Triton `split` (where
+packed dropout ran before the Hopper kernels took it): the cost ratio and the speed-up.
+
 Usage: python3 scripts/gpu_varlen_bench.py [--points docs,unequal,window] [--repeat 3] [--out DIR]
+       python3 scripts/gpu_varlen_bench.py --points docs --dropout 0.1
 """
 import argparse
 import itertools
@@ -77,14 +82,57 @@ def make(seqs, dense, d, gqa, seed=0):
     return dict(q=rnd(tq, hq, d), k=rnd(tk, hkv, d), v=rnd(tk, hkv, d), do=rnd(tq, hq, d), kw=kw)
 
 
+def dropout_cost(env, kinds, p: float, repeat: int, out_dir: str):
+    """Forward + backward ms with dropout p and without, Hopper (auto's order) and Triton split."""
+    from dash_plugin.schedules import auto
+    rows = []
+    for name, seqs, dense, d, gqa, causal, left, right in points(kinds):
+        t = make(seqs, dense, d, gqa)
+        q, k, v, do, kw = t["q"], t["k"], t["v"], t["do"], t["kw"]
+        mask = dict(causal=causal, window_left=left, window_right=-1 if causal else right)
+        longest = kw["max_seqlen_q"] if seqs is not None else dense[1]
+        order = auto.choose_schedule(causal=causal, head_dim=d, seqlen_q=longest, seqlen_k=longest,
+                                     varlen=seqs is not None, window_left=left, window_right=mask["window_right"],
+                                     backend="hopper")
+
+        def step(backend, schedule, dropout_p):
+            out, lse = dispatch.attention_forward(q, k, v, softmax_scale=d ** -0.5, backend=backend, dropout_p=dropout_p,
+                                                  seed=5, **mask, **kw)
+            return dispatch.attention_backward(do, q, k, v, out, lse, softmax_scale=d ** -0.5, schedule=schedule,
+                                               backend=backend, dropout_p=dropout_p, seed=5, **mask, **kw)
+        impls = {f"{b}-{s_}-p{x}": (lambda b=b, s_=s_, x=x: step(b, s_, x))
+                 for b, s_ in (("hopper", order), ("triton", "split")) for x in (0.0, p)}
+        times = time_rounds(impls, repeat)
+        row = {"point": name, "hdim": d, "gqa": gqa, "causal": causal, "dropout_p": p, "schedule": order,
+               "sequences": len(seqs) if seqs is not None else dense[0]}
+        for n, ts in times.items():
+            row[f"{n} ms"] = None if not ts else round(sorted(ts)[len(ts) // 2], 3)
+        for b, s_ in (("hopper", order), ("triton", "split")):
+            with_, without = row[f"{b}-{s_}-p{p} ms"], row[f"{b}-{s_}-p0.0 ms"]
+            row[f"{b} cost"] = None if not (with_ and without) else round(with_ / without, 3)
+        hop, tri = row[f"hopper-{order}-p{p} ms"], row[f"triton-split-p{p} ms"]
+        row["hopper/triton speed-up"] = None if not (hop and tri) else round(tri / hop, 2)
+        print(f"{name} d{d} gqa{gqa} {'causal' if causal else 'full'} dropout {p}: "
+              + " ".join(f"{n}={row[n]}" for n in row if n.endswith(("ms", "cost", "speed-up"))), flush=True)
+        rows.append(row)
+        with open(os.path.join(out_dir, "varlen_dropout.json"), "w") as f:
+            json.dump({"env": env, "rows": rows}, f, indent=1)
+        del t, q, k, v, do
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", default="docs,unequal,window")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="time forward + backward with this dropout against none instead (see above)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     env = gpu_environment()
     print(env, flush=True)
+    if a.dropout > 0:
+        return dropout_cost(env, a.points.split(","), a.dropout, a.repeat, a.out)
     fa4 = have_fa4()
     rows = []
     for name, seqs, dense, d, gqa, causal, left, right in points(a.points.split(",")):

@@ -88,7 +88,8 @@ def oracle_and_bf16_math(q, k, v, do, *, causal, window_left=-1, window_right=-1
 def packed_oracle_and_bf16_math(q, k, v, do, cu_seqlens_q, cu_seqlens_k, **mask) -> Oracle:
     """`oracle_and_bf16_math` for packed (T, H, D) bf16 CUDA inputs: sequence by sequence, masks
     bottom-right aligned where a sequence's lengths differ (a dense batch of unequal lengths is
-    the packed batch of its rows). The bf16 math runs on the GPU; a row that sees no key gives 0."""
+    the packed batch of its rows). The bf16 math runs on the GPU; a row that sees no key gives 0.
+    `mask` may name dropout_p and seed: the mask of sequence b is that of batch index b."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     runs = {}   # dtype -> (outs, dq, dk, dv) per sequence
     for dtype, device in ((torch.float64, "cpu"), (q.dtype, q.device)):
@@ -96,7 +97,7 @@ def packed_oracle_and_bf16_math(q, k, v, do, cu_seqlens_q, cu_seqlens_k, **mask)
         for b in range(len(cq) - 1):
             rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
             qi, ki, vi = (t[r].detach().to(device, dtype).requires_grad_() for t, r in ((q, rq), (k, rk), (v, rk)))
-            o, _ = math_attention(qi, ki, vi, **mask)
+            o, _ = math_attention(qi, ki, vi, batch_index=b, **mask)   # dropout keys its mask by sequence
             if o.numel() and ki.shape[0]:
                 grads = torch.autograd.grad(o, (qi, ki, vi), do[rq].to(device, dtype))
             else:   # an empty sequence: nothing flows

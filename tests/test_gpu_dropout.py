@@ -16,6 +16,9 @@ d. The keep rate over 2**20 elements, within 5 sigma of 1 - round(65536 p) / 655
 e. 1,000 forward + backward passes with dropout bitwise equal to a pass taken before another
    process started loading the GPU, per deterministic schedule and backend; different seeds (also
    seeds that differ only above bit 32) give different masks, each the definition's.
+f. The Hopper kernels' mask drawn ahead gives the bits of the mask drawn inline.
+g. Packed (varlen) batches: the mask is keyed by the sequence's index and the positions inside
+   it; a and b read out on both backends, the float64 oracle, 1,000 passes under load.
 """
 import os
 
@@ -26,7 +29,7 @@ import dash_plugin
 from dash_plugin.schedules import registry
 from dash_plugin.kernels.philox import keep_scale
 from tests.gpu_oracle import HOPPER_SKIP, hopper_ready, keep_mask, oracle_and_bf16_math, rel
-from tests.hardening_helpers import gpu_load, count_mismatching_passes, dense_inputs, hang_guard
+from tests.hardening_helpers import gpu_load, count_mismatching_passes, cu_seqlens, dense_inputs, hang_guard
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -259,9 +262,12 @@ def test_different_seeds_give_different_masks(backend):
 # ---------------------------------------------------------------- f. the mask drawn ahead (Hopper)
 # Every tile shape of the two kernels (hdim 96 full: 144-key forward tiles; hdim 128 full: 80-query
 # backward tiles), each mask kind, MHA and GQA, a sequence end inside a tile.
+# Head dims 192 and 256: the forward reads the mask drawn ahead, the backward draws inline (its
+# S tiles are not transposed there, and a thread holds only part of a tile's width).
 AHEAD_CASES = [pytest.param(*case, marks=HOPPER_SKIP) for case in (
     (128, "mha", "causal", 1000), (128, "gqa4", "full", 200), (128, "mha", "window", 1000),
-    (64, "mha", "full", 1000), (64, "gqa4", "causal", 200), (96, "mha", "full", 200), (96, "gqa4", "causal", 1000))]
+    (64, "mha", "full", 1000), (64, "gqa4", "causal", 200), (96, "mha", "full", 200), (96, "gqa4", "causal", 1000),
+    (192, "mha", "causal", 1000), (256, "gqa4", "full", 200))]
 
 
 @pytest.mark.parametrize("d, heads, mask, seqlen", AHEAD_CASES)
@@ -289,6 +295,144 @@ def test_hopper_mask_drawn_ahead_gives_the_bits_of_the_mask_drawn_inline(monkeyp
                                           schedule="descending", deterministic=True, backend="hopper")
         assert dash_plugin.last_resolved().concrete_backend == "hopper"
         results[mode] = (out.detach(), *torch.autograd.grad(out, leaves, do))
-        assert len(drawn) == (2 if mode == "ahead" else 0), f"{mode}: {len(drawn)} masks drawn ahead"
+        ahead = 2 if d <= 128 else 1
+        assert len(drawn) == (ahead if mode == "ahead" else 0), f"{mode}: {len(drawn)} masks drawn ahead"
     for name, a, b in zip(("out", "dq", "dk", "dv"), results["inline"], results["ahead"]):
         assert torch.equal(a, b), f"{name}: {int((a != b).sum())} of {a.numel()} elements differ"
+
+
+# ---------------------------------------------------------------- g. packed (varlen) batches
+def packed_lengths(d):
+    """(queries, keys) per sequence, each side at most d (the read-outs' identity matrices): a full
+    square, fewer queries than keys, more queries than keys (rows that see no key under a causal
+    mask), an empty sequence and a short one."""
+    return ((d, d), (d // 2, d), (d, 50), (0, 0), (37, 37))
+
+
+def packed_call(q, k, v, lengths, *, backend, schedule, causal, p, seed):
+    """flash_attention on a packed batch of `lengths`, checked to have run on `backend`."""
+    out = dash_plugin.flash_attention(
+        q, k, v, cu_seqlens_q=cu_seqlens([a for a, _ in lengths], DEVICE), cu_seqlens_k=cu_seqlens([b for _, b in lengths], DEVICE),
+        max_seqlen_q=max(a for a, _ in lengths), max_seqlen_k=max(b for _, b in lengths), causal=causal,
+        dropout_p=p, dropout_seed=seed, schedule=schedule, deterministic=True, backend=backend)
+    got = dash_plugin.last_resolved()
+    assert (got.concrete_backend, got.concrete_schedule) == (backend, schedule), got.describe()
+    return out
+
+
+def packed_identity(lengths, side, heads, d):
+    """(T, H, D): row t of each sequence is e_(its position in the sequence); side 0: queries, 1: keys."""
+    return torch.cat([torch.eye(n[side], d, device=DEVICE, dtype=torch.bfloat16) for n in lengths]).view(
+        -1, 1, d).expand(-1, heads, d).contiguous()
+
+
+def sequence_mask(b, sq, sk, hq, causal, p, seed):
+    """(H_q, S_q, S_k) kept and visible elements of sequence `b`, and the visible keys per row."""
+    from dash_plugin.kernels.philox import dropout_keep_mask
+    vis = visible(sq, sk, causal)
+    keep = dropout_keep_mask(seed, p, b, torch.arange(hq).view(hq, 1, 1), torch.arange(sq).view(1, sq, 1),
+                             torch.arange(sk).view(1, 1, sk))
+    return keep & vis, vis.sum(-1, keepdim=True).clamp_min(1).double()
+
+
+PACKED_PROBLEMS = [(d, h, c) for d in (64, 128) for h in HEADS for c in (False, True)]
+
+
+@pytest.mark.parametrize("backend, d, heads, causal", [param(b, *x) for b in BACKENDS for x in PACKED_PROBLEMS])
+def test_packed_forward_mask_read_out_exactly(backend, d, heads, causal):
+    hq, hkv = HEADS[heads]
+    p, lengths = 0.3, packed_lengths(d)
+    tq, tk = (sum(n[i] for n in lengths) for i in (0, 1))
+    q = torch.zeros(tq, hq, d, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.zeros(tk, hkv, d, device=DEVICE, dtype=torch.bfloat16)
+    out = packed_call(q, k, packed_identity(lengths, 1, hkv, d), lengths, backend=backend, schedule="ascending",
+                      causal=causal, p=p, seed=SEED).double().cpu()
+    row = 0
+    for b, (sq, sk) in enumerate(lengths):
+        keep, n = sequence_mask(b, sq, sk, hq, causal, p, SEED)
+        got = out[row:row + sq, :, :sk].permute(1, 0, 2)   # (H_q, S_q, S_k)
+        check_counts(got, keep.long(), keep_scale(p) / n, f"{backend} packed forward, sequence {b}")
+        assert (out[row:row + sq, :, sk:] == 0).all()
+        row += sq
+
+
+PACKED_BWD = [param(b, s, *x) for b in BACKENDS for s in SCHEDULES[b] for x in PACKED_PROBLEMS
+              if runs(b, s, x[2]) and not (b == "hopper" and s == "shift")]   # Hopper: no shift on packed batches
+
+
+@pytest.mark.parametrize("backend, schedule, d, heads, causal", PACKED_BWD)
+def test_packed_backward_mask_read_out_exactly_through_dv(backend, schedule, d, heads, causal):
+    hq, hkv = HEADS[heads]
+    p, lengths = 0.3, packed_lengths(d)
+    tq, tk = (sum(n[i] for n in lengths) for i in (0, 1))
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    leaves = [torch.zeros(tq, hq, d, device=DEVICE, dtype=torch.bfloat16),
+              torch.zeros(tk, hkv, d, device=DEVICE, dtype=torch.bfloat16),
+              torch.randn(tk, hkv, d, device=DEVICE, dtype=torch.bfloat16, generator=g)]
+    leaves = [t.requires_grad_() for t in leaves]
+    out = packed_call(*leaves, lengths, backend=backend, schedule=schedule, causal=causal, p=p, seed=SEED)
+    dv = torch.autograd.grad(out, leaves, packed_identity(lengths, 0, hq, d))[2].double().cpu()
+    col = 0
+    for b, (sq, sk) in enumerate(lengths):
+        keep, n = sequence_mask(b, sq, sk, hq, causal, p, SEED)
+        counts = keep.view(hkv, hq // hkv, sq, sk).sum(1)   # (H_kv, S_q, S_k)
+        got = dv[col:col + sk, :, :sq].permute(1, 2, 0)     # (H_kv, i, j)
+        check_counts(got, counts, keep_scale(p) / n, f"{backend} {schedule} packed dV, sequence {b}")
+        assert (dv[col:col + sk, :, sq:] == 0).all()
+        col += sk
+
+
+PACKED_ORACLE_LENGTHS = ((1000, 1000), (129, 129), (0, 0), (700, 300), (256, 1100))
+
+
+@pytest.fixture(scope="module", params=[(d, h, c) for d, h in ((64, "mha"), (128, "gqa4")) for c in (True, False)],
+                ids=lambda x: f"d{x[0]}-{x[1]}-{'causal' if x[2] else 'full'}")
+def packed_oracle_problem(request):
+    from tests.gpu_oracle import packed_oracle_and_bf16_math
+    d, heads, causal = request.param
+    hq, hkv = HEADS[heads]
+    g = torch.Generator(device=DEVICE).manual_seed(8)
+    tq, tk = (sum(n[i] for n in PACKED_ORACLE_LENGTHS) for i in (0, 1))
+    q, k, v, do = (torch.randn(t, h, d, device=DEVICE, dtype=torch.bfloat16, generator=g)
+                   for t, h in ((tq, hq), (tk, hkv), (tk, hkv), (tq, hq)))
+    cu_q, cu_k = (cu_seqlens([n[i] for n in PACKED_ORACLE_LENGTHS], DEVICE) for i in (0, 1))
+    oracle = packed_oracle_and_bf16_math(q, k, v, do, cu_q, cu_k, causal=causal, dropout_p=0.1, seed=SEED)
+    return dict(q=q, k=k, v=v, do=do, causal=causal), oracle
+
+
+@pytest.mark.parametrize("backend, schedule", [param(b, s) for b in BACKENDS for s in SCHEDULES[b]
+                                               if not (b == "hopper" and s == "shift")])
+def test_packed_batch_matches_float64_oracle_with_the_same_mask(packed_oracle_problem, backend, schedule):
+    pr, oracle = packed_oracle_problem
+    if not runs(backend, schedule, pr["causal"]):
+        pytest.skip("the causal symmetric shift does not run on the Hopper grid")
+    leaves = [pr[n].detach().requires_grad_() for n in ("q", "k", "v")]
+    out = packed_call(*leaves, PACKED_ORACLE_LENGTHS, backend=backend, schedule=schedule, causal=pr["causal"],
+                      p=0.1, seed=SEED)
+    got = (out.detach(), *torch.autograd.grad(out, leaves, pr["do"]))
+    for name, x, want, bar in zip(("out", "dq", "dk", "dv"), got, [oracle.out, *oracle.grads],
+                                  [oracle.out_bar, *oracle.grad_bars]):
+        assert torch.isfinite(x).all(), f"{name}: NaN/inf"
+        err = rel(x, want)
+        assert err <= 2 * bar, f"{name}: error {err:.2e} > 2 x bf16 math {bar:.2e}"
+
+
+@pytest.mark.parametrize("schedule", [pytest.param(s, marks=HOPPER_SKIP) for s in ("descending", "arrival", "spt")])
+def test_packed_dropout_bitwise_equal_over_many_passes_under_another_process(schedule):
+    lengths = ((1000, 1000), (2048, 2048), (333, 333), (0, 0), (700, 1500))
+    g = torch.Generator(device=DEVICE).manual_seed(9)
+    tq, tk = (sum(n[i] for n in lengths) for i in (0, 1))
+    q, k, v, do = (torch.randn(t, h, 128, device=DEVICE, dtype=torch.bfloat16, generator=g)
+                   for t, h in ((tq, 8), (tk, 2), (tk, 2), (tq, 8)))
+
+    def one_pass():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = packed_call(*leaves, lengths, backend="hopper", schedule=schedule, causal=True, p=PASS_P, seed=SEED)
+        return (out.detach(), *torch.autograd.grad(out, leaves, do))
+    first = one_pass()
+    torch.cuda.synchronize()
+    with gpu_load() as load, hang_guard(600):
+        bad = count_mismatching_passes(one_pass, N_PASSES, reference=first)
+        assert load.alive(), f"load process died: {load.stderr()}"
+    print(f"[dropout load] hopper packed {schedule} causal: {N_PASSES} passes of out, dq, dk, dv, {bad} mismatching")
+    assert bad == 0

@@ -217,9 +217,11 @@ def test_auto_runs_packed_batches_here_and_says_why_where_not():
                                                            backend="triton", schedule="split"),
                                (q, k, v), torch.ones_like(out))
     assert all(rel(a, b.double().cpu()) < 2e-2 for a, b in zip(grads, want))
-    dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, dropout_p=0.1)
+    dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, dropout_p=0.1, softcap=30.0)
     got = dash_plugin.last_resolved()
     assert got.concrete_backend == "triton"
-    assert "hopper: dropout with varlen runs on the Triton backend" in got.describe()
+    assert "hopper: softcap with dropout runs on the Triton backend" in got.describe()
+    dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True, dropout_p=0.1)
+    assert dash_plugin.last_resolved().concrete_backend == "hopper"   # dropout on packed batches runs here
     with pytest.raises(ValueError, match="backend='hopper' cannot run this call: schedule='shift' with varlen"):
         dash_plugin.flash_attention(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, backend="hopper", schedule="shift")

@@ -115,7 +115,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
 
     @property
     def bits_col_tile(self):
-        return self.tile_m   # S^T: rows are keys, columns queries
+        return self.tile_m   # S^T: rows are keys, columns queries (a mask drawn ahead needs SdP_swapAB)
 
     def epilogue_dKV(self, acc_dV, mdV, sV, acc_dK, *args, **kwargs):
         """FA4's epilogue; with dropout, dV and dK first take the keep scale that the per-score
@@ -295,10 +295,15 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         tile = score_mod_fn.keywords
         drop = self._drop
         state_dO = consumer_state_Q if const_expr(self.Q_stage == self.dO_stage) else consumer_state_dO
-        # The accumulator's coordinates (rows = keys under SdP_swapAB); a mask drawn ahead is
-        # loaded now, so the loads are in flight while the products run.
-        coords = cute.make_identity_tensor((self.tile_n, self.tile_m))
-        coords = cute.domain_offset((tile["n_block"] * self.tile_n, m_block * self.tile_m), coords)
+        # The accumulator's coordinates (rows = keys under SdP_swapAB, the head dims up to 128;
+        # rows = queries above); a mask drawn ahead is loaded now, so the loads are in flight
+        # while the products run.
+        if const_expr(self.SdP_swapAB):
+            coords = cute.make_identity_tensor((self.tile_n, self.tile_m))
+            coords = cute.domain_offset((tile["n_block"] * self.tile_n, m_block * self.tile_m), coords)
+        else:
+            coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
+            coords = cute.domain_offset((m_block * self.tile_m, tile["n_block"] * self.tile_n), coords)
         coords_mn = layout_utils.reshape_acc_to_mn(tile["thr_mma_SdP"].partition_C(coords))
         if const_expr(self.keep_bits):
             words = self._bits.load(coords_mn, tile["batch_idx"], tile["head_idx"], m_block)
@@ -323,9 +328,12 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         # Dropout, in the accumulator's own orientation.
         if const_expr(self.keep_bits):
             dropout_sm90.apply_keep_bits(layout_utils.reshape_acc_to_mn(acc_S), words, True)
-        else:
+        elif const_expr(self.SdP_swapAB):
             dropout_sm90.mark_dropped(layout_utils.reshape_acc_to_mn(acc_S), coords_mn,
                                       tile["head_idx"], tile["batch_idx"], drop)
+        else:   # the forward's orientation: a thread holds whole groups
+            dropout_sm90.drop_probabilities(layout_utils.reshape_acc_to_mn(acc_S), coords_mn,
+                                            tile["head_idx"], tile["batch_idx"], drop, negate=True)
         dpsum = copy_utils.load_s2r(tLSEsdPsum[None, idx_dO])
         # P * keep for dV: the marked (negative) entries become 0
         kept = cute.make_fragment_like(acc_S)
@@ -543,13 +551,10 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     with `tiles(D, causal, local)`; a packed batch needs a computed order (visit_tables.batch_tables).
     Windows and softcap are ours in meaning (-1: unlimited side; s -> softcap * tanh(s / softcap)),
     run as FA4's local mask and softcap score_mod. With dropout_p > 0 the forward's mask (same seed)
-    is drawn again in the kernel (dense batches; not with softcap: the dropout step applies no
-    score_mod)."""
+    is drawn again in the kernel (not with softcap: the dropout step applies no score_mod)."""
     dropout_sm90.refuse_softcap(dropout_p, softcap)
     varlen = cu_seqlens_q is not None
     if varlen:
-        if dropout_p > 0:
-            raise ValueError("the Hopper backward runs dropout on dense batches only (varlen: the Triton backend)")
         if tables.visit is None:
             raise ValueError("a packed batch needs an order the kernel computes (visit_tables.batch_tables)")
         total_q, heads, head_dim = q.shape
@@ -611,7 +616,9 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     dropout = dropout_p > 0
     aux = [dropout_sm90.params_tensor(seed, dropout_p, dev)] if dropout else None
     bits = None
-    if dropout:   # S^T tiles: rows are keys, columns queries
+    # A mask drawn ahead is read in S^T tiles (rows are keys, columns queries), whose whole width
+    # each thread holds: the head dims up to 128 (SdP_swapAB). Above, the kernel draws inline.
+    if dropout and cfg.SdP_swapAB and not varlen:   # a dense layout: packed batches draw inline
         bits = bits_for_kernel(seed, dropout_p, batch, heads,
                                lambda: BitLayout(seqlen_k, seqlen_q, tn, tm, transposed=True), *band, device=dev)
     keep_bits = bits is not None

@@ -100,11 +100,13 @@ class DropoutParams:
 
 
 @cute.jit
-def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
+def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop,
+                       negate: cutlass.Constexpr[bool] = False):
     """Forward: P -> P * keep, in place (the keep scale is applied once per output element, by
-    DropoutForwardSm90.epilogue). `acc_mn` is the accumulator's (rows, cols) view with rows =
-    queries; thread-local row pairs (r, r+1) are rows i, i+8 and column quads c..c+3 are
-    columns j, j+1, j+8, j+9: one group, one Philox call."""
+    DropoutForwardSm90.epilogue); `negate`: dropped P -> -P instead (the backward's marking,
+    see mark_dropped, where its accumulator has rows = queries). `acc_mn` is the accumulator's
+    (rows, cols) view with rows = queries; thread-local row pairs (r, r+1) are rows i, i+8 and
+    column quads c..c+3 are columns j, j+1, j+8, j+9: one group, one Philox call."""
     for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
         for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 4):
             words = drop.group_words(coords_mn[r, c][0], coords_mn[r, c][1], head, batch)
@@ -112,7 +114,8 @@ def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch,
                 word = words[d // 2]
                 draw_high = word if d % 2 else word << Uint32(DROPOUT_BITS)
                 x = acc_mn[r + d // 4, c + d % 4]
-                acc_mn[r + d // 4, c + d % 4] = x if draw_high >= drop.threshold_high else Float32(0.0)
+                dropped = -x if const_expr(negate) else Float32(0.0)
+                acc_mn[r + d // 4, c + d % 4] = x if draw_high >= drop.threshold_high else dropped
 
 
 # In a wgmma accumulator, lane ^ 4 holds the next accumulator row (here: the key of the other

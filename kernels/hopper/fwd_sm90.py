@@ -64,14 +64,13 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     (T, H, D) with int32 `cu_seqlens_q/k`, lse (H, T_q); fp32, natural log, of the undropped
     scores. Causal masks and windows are bottom-right aligned when a sequence's lengths differ;
     a row that sees no key gets out 0 and lse +inf. Windows and softcap as in masks.py; dropout
-    with the mask of kernels/philox.py (dense batches, not with softcap)."""
+    with the mask of kernels/philox.py (not with softcap; a packed batch keys it by sequence
+    index and positions inside the sequence, as every backend does)."""
     band = (window_left, 0 if causal else window_right)   # ours; causal is a right window of 0
     causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)
     dropout_sm90.refuse_softcap(dropout_p, softcap)
     dropout = dropout_p > 0
     varlen = cu_seqlens_q is not None
-    if varlen and dropout:
-        raise ValueError("the Hopper forward runs dropout on dense batches only (varlen: the Triton backend)")
     q, k, v = (maybe_contiguous(t).detach() for t in (q, k, v))   # DLPack exports no autograd tensors
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if varlen:
@@ -89,7 +88,7 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
         return out.zero_(), lse.fill_(float("inf"))
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
     bits = None
-    if dropout:
+    if dropout and not varlen:   # the mask drawn ahead has a dense layout; packed batches draw inline
         def layout_of():
             cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
             return BitLayout(seqlen_q, k.shape[1], cfg.m_block_size, cfg.n_block_size, transposed=False)

@@ -14,6 +14,7 @@ nothing above the kernel layer.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -136,13 +137,16 @@ def _closed_form_of(seq, kv_descending: bool) -> str | None:
     the head-by-head launch, so only an ascending launch qualifies for them, and arrival only
     with the whole head in one group (its ranks ignore groups)."""
     for visit in CLOSED_FORMS:
-        if visit != "ascending" and kv_descending:
-            continue
-        if visit == "arrival" and seq.group_size < len(seq.workers):
-            continue
-        if _follows(seq, visit, kv_descending, seq.group_size):
+        if _may_run(seq, visit, kv_descending) and _follows(seq, visit, kv_descending, seq.group_size):
             return visit
     return None
+
+
+def _may_run(seq, visit: str, kv_descending: bool) -> bool:
+    """Whether the kernel can run `seq` in closed form `visit` at all (see _closed_form_of)."""
+    if visit != "ascending" and kv_descending:
+        return False
+    return not (visit == "arrival" and seq.group_size < len(seq.workers))
 
 
 def _follows(seq, visit: str, kv_descending: bool, group_size: int) -> bool:
@@ -171,12 +175,19 @@ def batch_tables(sequences) -> VisitTables:
     if tables.visit is None:
         raise Unsupported(f"schedule variant {longest.variant!r} has no order the kernel computes, and a packed "
                           "batch cannot read per-sequence lists")
+    # A sequence whose KV tiles visit one Q tile each (few queries, many keys) walks several closed
+    # forms alike, so the longest one alone may not name the form the others need: the first
+    # form every sequence follows is the batch's.
+    for visit in CLOSED_FORMS:
+        if all(_may_run(seq, visit, tables.kv_descending)
+               and _follows(seq, visit, tables.kv_descending, tables.group_size) for seq in distinct):
+            return dataclasses.replace(tables, visit=visit)
     for seq in distinct:
         if not _follows(seq, tables.visit, tables.kv_descending, tables.group_size):
             geo = seq.geometry
             raise Unsupported(f"a sequence of {geo.seqlen_q} queries and {geo.seqlen_k} keys runs {seq.variant!r}, "
                               f"not the {tables.visit} order of the longest ({longest.variant!r})")
-    return tables
+    raise AssertionError("unreachable: every sequence follows the longest's closed form")
 
 
 def check_waits_follow_launch(tables: VisitTables) -> None:
