@@ -331,9 +331,12 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         elif const_expr(self.SdP_swapAB):
             dropout_sm90.mark_dropped(layout_utils.reshape_acc_to_mn(acc_S), coords_mn,
                                       tile["head_idx"], tile["batch_idx"], drop)
-        else:   # the forward's orientation: a thread holds whole groups
+        elif const_expr(self._whole_groups()):   # the forward's orientation: a thread holds whole groups
             dropout_sm90.drop_probabilities(layout_utils.reshape_acc_to_mn(acc_S), coords_mn,
                                             tile["head_idx"], tile["batch_idx"], drop, negate=True)
+        else:
+            dropout_sm90.drop_by_pairs(layout_utils.reshape_acc_to_mn(acc_S), coords_mn,
+                                       tile["head_idx"], tile["batch_idx"], drop, negate=True)
         dpsum = copy_utils.load_s2r(tLSEsdPsum[None, idx_dO])
         # P * keep for dV: the marked (negative) entries become 0
         kept = cute.make_fragment_like(acc_S)
@@ -385,6 +388,11 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         consumer_state_Q.advance()
         consumer_state_dO.advance()
         return consumer_state_Q, consumer_state_dO
+
+    def _whole_groups(self) -> bool:
+        """Each warpgroup's slice of an S tile (rows = queries) starts and ends on 16 columns, so
+        a thread's column quads are whole mask groups (hdim 192: 48 keys each; hdim 256: 24)."""
+        return (self.tile_n // (self.num_wg_mma // self.AtomLayoutMSdP)) % 16 == 0
 
     @cute.jit
     def _dk_step(self, mma_dsq_fn, idx_PdS, idx_Q, tdKrdS, dKV_accumulate):

@@ -118,6 +118,27 @@ def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch,
                 acc_mn[r + d // 4, c + d % 4] = x if draw_high >= drop.threshold_high else dropped
 
 
+@cute.jit
+def drop_by_pairs(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, negate: cutlass.Constexpr[bool]):
+    """drop_probabilities for accumulators whose column quads need not be one group: a warpgroup
+    tile whose width is not a multiple of 16 (hdim 256's backward: 24 keys per warpgroup) puts
+    columns j, j+1, j+8, j+9 of a quad in two groups. Rows i, i+8 and a column pair x, x+1 always
+    share a group, so each pair takes its own Philox call (two per 8 scores instead of one) and
+    picks its draws by bit 3 of x."""
+    for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
+        for c in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[1]), 2):
+            col = Uint32(coords_mn[r, c][1])
+            words = drop.group_words(coords_mn[r, c][0], col, head, batch)
+            upper = ((col >> Uint32(3)) & Uint32(1)) != Uint32(0)   # columns x+8, x+9 of the group
+            for dr in cutlass.range_constexpr(2):
+                word = words[2 * dr + 1] if upper else words[2 * dr]
+                for e in cutlass.range_constexpr(2):
+                    draw_high = word if e else word << Uint32(DROPOUT_BITS)
+                    x = acc_mn[r + dr, c + e]
+                    dropped = -x if const_expr(negate) else Float32(0.0)
+                    acc_mn[r + dr, c + e] = x if draw_high >= drop.threshold_high else dropped
+
+
 # In a wgmma accumulator, lane ^ 4 holds the next accumulator row (here: the key of the other
 # parity) with the same columns (queries).
 _PARTNER_LANES = 4
