@@ -31,8 +31,8 @@ def math_attention(q, k, v, *, causal=False, softmax_scale=None, window_left=-1,
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key give 0
     if dropout_p > 0:
         idx = lambda n, *shape: torch.arange(n, device=q.device).view(shape)  # noqa: E731
-        keep = dropout_keep_mask(seed, dropout_p, batch_index, idx(hq, hq, 1, 1), idx(sq, 1, sq, 1),
-                                 idx(sk, 1, 1, sk))
+        keep = dropout_keep_mask(seed, dropout_p, torch.tensor(batch_index, device=q.device), idx(hq, hq, 1, 1),
+                                 idx(sq, 1, sq, 1), idx(sk, 1, 1, sk))
         p = p * keep * keep_scale(dropout_p)
     out = torch.einsum("hqk,khd->qhd", p, vx)
     return out, lse.masked_fill(torch.isneginf(lse), float("inf"))
