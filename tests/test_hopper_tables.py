@@ -365,6 +365,12 @@ def test_packed_batches_and_unequal_lengths_run_here(monkeypatch):
     (dict(causal=True, head_dim=128, window_left=1024), "spt"),
     (dict(causal=False, head_dim=64, window_left=512, window_right=512), "spt"),
     (dict(causal=True, head_dim=128), "arrival"),
+    (dict(causal=True, head_dim=192), "arrival"),
+    (dict(causal=False, head_dim=192, seqlen_q=2048, seqlen_k=2048), "shift"),
+    (dict(causal=False, head_dim=192), "ascending"),
+    (dict(causal=True, head_dim=256), "spt"),
+    (dict(causal=True, head_dim=256, varlen=True), "spt"),   # packed arrival does not run at hdim 256
+    (dict(causal=False, head_dim=256, seqlen_q=2048, seqlen_k=2048), "ascending"),
 ])
 def test_auto_on_this_backend_picks_an_order_it_runs(monkeypatch, kw, want):
     """`auto` resolves per backend: on this one it must name an order the backend runs for the

@@ -12,7 +12,7 @@ import torch
 
 from . import auto_table, auto_table_hopper, registry
 
-_KEYS = {"mask", "head_dim_max", "seqlen_max", "equal_lengths", "varlen", "schedule", "source"}
+_KEYS = {"mask", "head_dim_min", "head_dim_max", "seqlen_max", "equal_lengths", "varlen", "schedule", "source"}
 
 
 # Backends with rules of their own, tried before the generic ones (auto_table.py).
@@ -67,6 +67,8 @@ def choose_schedule(*, causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int
     rules = load_rules.__wrapped__(backend) if torch.compiler.is_compiling() else load_rules(backend)
     for rule in rules:
         if rule["mask"] != kind:
+            continue
+        if rule.get("head_dim_min") is not None and head_dim < rule["head_dim_min"]:
             continue
         if rule.get("head_dim_max") is not None and head_dim > rule["head_dim_max"]:
             continue

@@ -11,6 +11,15 @@ run time.
 """
 
 RULES = [
+    # Head dim 256 (64 x 48 tiles), scripts/gpu_hopper_bwd.py, docs/benchmarks/wide-heads-2026-11-24-h100/
+    # (median of 2 interleaved rounds). Also packed batches: arrival does not run them at these tiles.
+    # Head dim 192 (64 x 96 tiles) follows the hdim 128 rules below, which its figures confirm.
+    {'mask': 'causal', 'head_dim_min': 256, 'schedule': 'spt',
+     'source': 'measured H100 hdim256 causal s=2k/8k: spt 222.4/262.8, descending 198.8/231.8, '
+               'arrival 195.1/233.0 (8k: its fallback), ascending 182.2/208.7'},
+    {'mask': 'full', 'head_dim_min': 256, 'schedule': 'ascending',
+     'source': 'measured H100 hdim256 full s=2k/8k: ascending 252.7/277.7, shift 253.2/201.4, '
+               'spt 248.7/276.9, descending 250.3/274.7'},
     # Packed batches, windows and unequal lengths, measured with scripts/gpu_varlen_bench.py,
     # docs/benchmarks/varlen-2026-11-24-h100/ (H100, median of 3 interleaved rounds). Packed batches
     # run every order but shift here; arrival while each sequence is one group (64 KV tiles).
@@ -45,7 +54,9 @@ RULES = [
                '278.9/387.5/460.9/494.3, spt 251.8/373.8/463.5/514.7, ascending 279.9/362.6/418.3/456.6 '
                '(GQA 4:1: arrival 241.0/358.1/457.8/510.9, next best 234.2/345.3/436.0/500.2); at 16k a '
                'head has more KV tiles than one group and arrival runs its fallback, descending '
-               '(docs/benchmarks/dq-readahead-2026-11-23-h100/); hdim96: inferred from hdim128'},
+               '(docs/benchmarks/dq-readahead-2026-11-23-h100/); hdim96: inferred from hdim128; hdim192 '
+               's=2k/8k: arrival 342.4/437.0 (8k: descending, its fallback), ascending 301.6/384.5, '
+               'spt 243.8/375.5'},
     {'mask': 'full', 'head_dim_max': 64, 'seqlen_max': 1024, 'schedule': 'shift',
      'source': 'measured H100 hdim64 full s=1k after the closed-form shift (whole-head groups): '
                'shift 371.8/369.7, ascending 347.9/345.8 (gpu_hopper_bwd.py / dash-bench, '
@@ -56,9 +67,9 @@ RULES = [
     {'mask': 'full', 'seqlen_max': 2048, 'schedule': 'shift',
      'source': 'measured H100 hdim128 full s=1k/2k: shift 398.6/482.6 and 396.9/473.4, ascending '
                '361.0/457.6 and 360.0/461.6 (two runs, hopper-shift-2026-11-23-h100/); hdim96: '
-               'inferred from hdim128'},
+               'inferred from hdim128; hdim192 s=2k: shift 394.0, ascending 381.1'},
     {'mask': 'full', 'schedule': 'ascending',
      'source': 'measured H100 full hdim128 s=4k-16k: ascending, spt, descending and the closed-form '
                'shift within a few percent, no order ahead in both runs (16k: ascending 589.9/588.0, '
-               'shift 570.5/565.8)'},
+               'shift 570.5/565.8); hdim192 s=8k: ascending 478.4, spt 478.6, shift 326.6 (split groups)'},
 ]
