@@ -1,6 +1,7 @@
 """Data for schedule='auto' on the Hopper backend (read by auto.py before the generic rules of
 auto_table.py, which then cover what these do not: head dims the Hopper kernel lacks, and calls
-that run on the Triton backend). First matching rule wins; keys as in auto_table.py.
+that run on the Triton backend). First matching rule wins; keys as in auto_table.py, plus
+head_dim_min (an inclusive lower bound; the head dims 192/256 rules).
 
 Measured with scripts/gpu_hopper_bwd.py on an NVIDIA H100 80GB HBM3 (132 SMs, torch 2.11.0+cu130,
 flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23, one process, backward TFLOP/s:
