@@ -54,18 +54,20 @@ class HopperBackend:
         if r.head_dim not in hopper.HEAD_DIMS:
             return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
         causal = hopper.fa4_mask(r.causal, r.window_left, r.window_right)[0]   # however it is spelled
-        # arrival keeps a sequence's KV tiles in one co-resident group; a longer one falls back
-        whole_head = self._whole_head_keys(r) if r.varlen and r.schedule == "arrival" else None
-        tiles = self.tiles(r)
+        # Packed arrival: each sequence's KV tiles are one co-resident group (a longer one falls back),
+        # and its closed form needs KV tiles at least as tall as Q tiles.
+        packed_arrival = r.varlen and r.schedule == "arrival"
+        tiles = self.tiles(r) if packed_arrival else None
+        whole_head = hopper.RESIDENT_SLOTS * tiles.block_n if packed_arrival else None
         for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"),
                               (r.softcap and r.dropout, "softcap with dropout"),
                               (r.varlen and r.schedule == "shift",
                                "schedule='shift' with varlen (a sequence with fewer queries than keys would "
                                "take another order)"),
-                              (r.varlen and r.schedule == "arrival" and tiles.block_m > tiles.block_n,
+                              (packed_arrival and tiles.block_m > tiles.block_n,
                                f"schedule='arrival' with varlen at head_dim={r.head_dim} (KV tiles narrower than "
                                "Q tiles reach a row together, an order the kernel does not compute)"),
-                              (whole_head is not None and r.seqlen_k > whole_head,
+                              (packed_arrival and r.seqlen_k > whole_head,
                                f"schedule='arrival' with varlen and sequences over {whole_head} keys "
                                "(a longer one takes another order)"),
                               (causal and r.schedule == "shift",
@@ -73,10 +75,6 @@ class HopperBackend:
             if missing:
                 return f"{what} runs on the Triton backend"
         return True
-
-    def _whole_head_keys(self, r) -> int:
-        """The longest sequence whose KV tiles form one co-resident group (arrival's whole head)."""
-        return hopper.RESIDENT_SLOTS * self.tiles(r).block_n
 
     def tiles(self, r) -> HopperTiles:
         causal, local, _, _ = hopper.fa4_mask(r.causal, r.window_left, r.window_right)

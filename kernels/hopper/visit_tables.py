@@ -175,19 +175,20 @@ def batch_tables(sequences) -> VisitTables:
     if tables.visit is None:
         raise Unsupported(f"schedule variant {longest.variant!r} has no order the kernel computes, and a packed "
                           "batch cannot read per-sequence lists")
+    def runs_in(seq, visit):
+        return (_may_run(seq, visit, tables.kv_descending)
+                and _follows(seq, visit, tables.kv_descending, tables.group_size))
+
     # A sequence whose KV tiles visit one Q tile each (few queries, many keys) walks several closed
     # forms alike, so the longest one alone may not name the form the others need: the first
     # form every sequence follows is the batch's.
     for visit in CLOSED_FORMS:
-        if all(_may_run(seq, visit, tables.kv_descending)
-               and _follows(seq, visit, tables.kv_descending, tables.group_size) for seq in distinct):
+        if all(runs_in(seq, visit) for seq in distinct):
             return dataclasses.replace(tables, visit=visit)
-    for seq in distinct:
-        if not _follows(seq, tables.visit, tables.kv_descending, tables.group_size):
-            geo = seq.geometry
-            raise Unsupported(f"a sequence of {geo.seqlen_q} queries and {geo.seqlen_k} keys runs {seq.variant!r}, "
-                              f"not the {tables.visit} order of the longest ({longest.variant!r})")
-    raise AssertionError("unreachable: every sequence follows the longest's closed form")
+    seq = next(s for s in distinct if not runs_in(s, tables.visit))   # the longest's own form failed
+    geo = seq.geometry
+    raise Unsupported(f"a sequence of {geo.seqlen_q} queries and {geo.seqlen_k} keys runs {seq.variant!r}, "
+                      f"not the {tables.visit} order of the longest ({longest.variant!r})")
 
 
 def check_waits_follow_launch(tables: VisitTables) -> None:
