@@ -5,7 +5,7 @@ import numbers
 
 import torch
 
-from .kernels.philox import DROPOUT_BITS, dropout_threshold
+from .kernels.philox import dropout_threshold
 from .kernels.varlen import seqlens_of
 from .schedules import registry
 
@@ -141,10 +141,7 @@ def check_scalars(softcap, dropout_p, softmax_scale):
         raise ValueError(f"softcap={softcap!r} must be a finite number >= 0 (0 disables it)")
     if not _finite(dropout_p) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p={dropout_p!r} must be in [0, 1)")
-    if dropout_threshold(dropout_p) >= 1 << DROPOUT_BITS:   # here, not deep in a kernel launch
-        raise ValueError(f"dropout_p={dropout_p!r} rounds to dropping every element: the mask's "
-                         f"resolution is 2**-{DROPOUT_BITS}, so dropout_p must be below "
-                         f"{1 - 2.0 ** -(DROPOUT_BITS + 1)!r}")
+    dropout_threshold(dropout_p)   # the mask's 2**-8 steps: refused here, not deep in a kernel launch
     if softmax_scale is not None and (not _finite(softmax_scale) or softmax_scale <= 0):
         raise ValueError(f"softmax_scale={softmax_scale!r} must be a finite number > 0 "
                          "(or None for 1/sqrt(head_dim))")

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .philox import PHILOX_ROUNDS
 from .varlen import seqlens_of
 
 LOG2E = 1.4426950408889634
@@ -181,25 +182,31 @@ def tanh(x):
     return tl.where(x < 0, -t, t)
 
 
+_ROUNDS = tl.constexpr(PHILOX_ROUNDS)
+
+
 @triton.jit
 def _dropout_keep_each(seed, r, c, head, batch, threshold):
-    """`dropout_keep` element by element: one Philox call per element (8x the work of the grouped
-    path), for tiles too small to hold whole 16x16 blocks. ``r``/``c`` broadcast like in
+    """`dropout_keep` element by element: one Philox call per element (16x the work of the
+    grouped path), for tiles too small to hold whole 16x16 blocks. ``r``/``c`` broadcast like in
     `visible`."""
     zero = r * 0 + c * 0
     i = zero + r
     j = zero + c
-    w0, w1, w2, w3 = tl.philox(seed, j & ~9, i & ~8, zero + head, zero + batch)
-    hi_j = (j & 8) != 0
-    w = tl.where((i & 8) != 0, tl.where(hi_j, w3, w2), tl.where(hi_j, w1, w0))
-    draw = tl.where((j & 1) != 0, w >> 16, w & 0xFFFF)
-    return draw.to(tl.int32) >= threshold   # draw < 2**16: the compare is exact in int32
+    w0, w1, w2, w3 = tl.philox(seed, j & ~9, i & ~9, zero + head, zero + batch, n_rounds=_ROUNDS)
+    odd_j = (j & 1) != 0
+    w = tl.where((i & 1) != 0, tl.where(odd_j, w3, w2), tl.where(odd_j, w1, w0))
+    byte = 2 * ((i >> 3) & 1) + ((j >> 3) & 1)
+    draw = (w >> (8 * byte).to(tl.uint32)) & 0xFF
+    return draw.to(tl.int32) >= threshold   # draw < 2**8: the compare is exact in int32
 
 
 @triton.jit
-def _keep_halves(w, threshold):
-    """Keep bits of the low and the high 16-bit draw of words ``w``, joined on a new last axis."""
-    return tl.join((w & 0xFFFF).to(tl.int32) >= threshold, (w >> 16).to(tl.int32) >= threshold)
+def _keep_byte_pair(even, odd, byte: tl.constexpr, threshold):
+    """Keep bits of draw `byte` of the words of the even and the odd column, joined on a new last
+    axis (bit0(col))."""
+    return tl.join(((even >> (8 * byte)) & 0xFF).to(tl.int32) >= threshold,
+                   ((odd >> (8 * byte)) & 0xFF).to(tl.int32) >= threshold)
 
 
 @triton.jit
@@ -211,20 +218,25 @@ def dropout_keep(seed, m0, n0, head, batch, threshold,
     kernels/philox.py defines (`dropout_keep_mask`), bit for bit. m0 and n0 are multiples of the
     block sizes, so a tile of whole 16x16 blocks holds whole Philox groups."""
     if (BLOCK_M % 16 == 0) and (BLOCK_N % 16 == 0):
-        # One Philox call per group, on the [BLOCK_M/2, BLOCK_N/4] grid of group anchors (row
-        # bit 3 and column bits 0, 3 clear): per element that is 1/8 of a call instead of one
-        # call. The draws are compared on the anchor grid and only the keep bits are moved into
-        # the tile's order (joins, then one permute).
+        # One Philox call per row parity of a group, on the [BLOCK_M/2, BLOCK_N/4] grid of
+        # anchors (row bit 3 and column bits 0, 3 clear): rows r and r + 1 of a group draw the
+        # same call and keep the two words of their parity (1/8 of a call per element). A grid of
+        # one anchor per group (half the calls) needs one more axis in the permute below, whose
+        # layout conversion took more shared memory than the 3-stage hdim 128 tiles leave on an
+        # H100; this one does not.
         ar = tl.arange(0, BLOCK_M // 2)
         ac = tl.arange(0, BLOCK_N // 4)
         rows = m0 + (ar // 8) * 16 + ar % 8           # anchor (r16, rlo): row r16*16 + rlo
         cols = n0 + (ac // 4) * 16 + (ac % 4) * 2     # anchor (c16, cmid): column c16*16 + cmid*2
         zero = rows[:, None] * 0 + cols[None, :] * 0
-        w0, w1, w2, w3 = tl.philox(seed, zero + cols[None, :], zero + rows[:, None], zero + head, zero + batch)
-        # Word 2*bit3(row) + bit3(col), half bit0(col): the joins append the axes
-        # (bit0(col), bit3(col), bit3(row)) in that order.
-        keep = tl.join(tl.join(_keep_halves(w0, threshold), _keep_halves(w1, threshold)),
-                       tl.join(_keep_halves(w2, threshold), _keep_halves(w3, threshold)))
+        w0, w1, w2, w3 = tl.philox(seed, zero + cols[None, :], zero + (rows[:, None] & ~9), zero + head,
+                                   zero + batch, n_rounds=_ROUNDS)
+        odd_row = (zero + rows[:, None] & 1) != 0
+        even = tl.where(odd_row, w2, w0)              # word 2*bit0(row) + bit0(col)
+        odd = tl.where(odd_row, w3, w1)
+        # Byte 2*bit3(row) + bit3(col): the joins append (bit0(col), bit3(col), bit3(row)).
+        keep = tl.join(tl.join(_keep_byte_pair(even, odd, 0, threshold), _keep_byte_pair(even, odd, 1, threshold)),
+                       tl.join(_keep_byte_pair(even, odd, 2, threshold), _keep_byte_pair(even, odd, 3, threshold)))
         # axes 0..6: r16, rlo, c16, cmid, bit0(col), bit3(col), bit3(row)
         keep = tl.reshape(keep, [BLOCK_M // 16, 8, BLOCK_N // 16, 4, 2, 2, 2])
         if TRANSPOSED:   # [column = c16, bit3, cmid, bit0][row = r16, bit3, rlo]

@@ -157,7 +157,7 @@ def _check_common(q, k, v, softmax_scale, causal, window_left, window_right, sof
         raise ValueError(f"softcap={softcap}: must be >= 0 (0 turns it off)")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p={dropout_p}: must be in [0, 1)")
-    keep_scale(dropout_p)   # raises for a p that rounds to dropping every element
+    keep_scale(dropout_p)   # raises for a p the mask cannot take (no dropout or dropping everything)
 
 
 def mask_params(causal, window_left, window_right):

@@ -1,5 +1,5 @@
-"""Philox4x32-10 in plain PyTorch, bit-identical to Triton's ``tl.philox``, and the dropout
-mask built on it: the one place that defines the mask (the comment above ``DROPOUT_BITS``).
+"""Philox4x32 in plain PyTorch, bit-identical to Triton's ``tl.philox``, and the dropout mask
+built on it: the one place that defines the mask (the comment above ``DROPOUT_BITS``).
 
 Dropout must draw the same mask in the forward, in the backward and in the CPU reference,
 whatever the schedule (docs/DESIGN.md, "Determinism rules", rule 7). The mask is therefore a pure
@@ -7,11 +7,11 @@ function of (seed, batch, head, row, col): a counter-based generator whose count
 from the element's position, never from a tile or a launch.
 
 Every kernel implements this definition: the Triton kernels in
-``kernels/_triton_common.py:dropout_keep`` (one ``tl.philox(seed, col & ~9, row & ~8, head,
-batch)`` call per group of eight elements, spread over the tile) and the Hopper kernels
-(kernels/hopper/, where a group is what one thread holds). This module computes the same
-numbers with int64 tensors holding uint32 values, so the reference reproduces the kernels' mask
-bit for bit.
+``kernels/_triton_common.py:dropout_keep`` (one ``tl.philox(seed, col & ~9, row & ~9, head,
+batch, n_rounds=7)`` call per group of sixteen elements, spread over the tile) and the Hopper
+kernels (kernels/hopper/dropout_sm90.py, where two lanes share a group). This module computes
+the same numbers with int64 tensors holding uint32 values, so the reference reproduces the
+kernels' mask bit for bit.
 """
 import torch
 
@@ -21,19 +21,28 @@ _ROUND_B = 0xCD9E8D57
 _KEY_A = 0x9E3779B9
 _KEY_B = 0xBB67AE85
 
-# The dropout mask spends one Philox call on eight elements, as 16-bit draws. The eight share a
-# Philox counter: the row with bit 3 cleared and the column with bits 0 and 3 cleared, i.e. rows
-# {i, i+8} x columns {j, j+1, j+8, j+9} of a 16x16 block. That is the set of scores one thread
-# holds in a Hopper `wgmma` accumulator, so the Hopper forward draws each number once; the
-# Hopper backward holds the transposed tile and uses four of a call's eight draws (a thread's
-# rows {j, j+8} x columns {i, i+8}). Element (i, j) takes draw d = 4*bit3(i) + 2*bit3(j) + bit0(j):
-# the low (d even) or high (d odd) 16 bits of word d // 2 of philox(seed, j & ~9, i & ~8, head,
-# batch). The element is kept iff its draw >= dropout_threshold(p), and kept elements are scaled
-# by keep_scale(p), the exact inverse of that keep rate. Integer compares give the same
-# decision on every device (no float rounding in the way).
-DROPOUT_BITS = 16
-GROUP_ROW_BITS = 0x8      # row bits that vary inside one Philox call's group
-GROUP_COL_BITS = 0x9      # column bits that vary inside one group
+# The dropout mask spends one Philox4x32-7 call on sixteen elements, as 8-bit draws. The sixteen
+# share a Philox counter: the row and the column with bits 0 and 3 cleared, i.e. rows
+# {i, i+1, i+8, i+9} x columns {j, j+1, j+8, j+9} of a 16x16 block. A `wgmma` accumulator puts
+# rows {r, r+8} x columns {c, c+1, c+8, c+9} in one thread and rows {r+1, r+9} in the thread of
+# lane ^ 4, in either orientation (S or S^T), so two lanes hold one group whole and split its
+# call between them (kernels/hopper/dropout_sm90.py). Element (i, j) takes byte
+# 2*bit3(i) + bit3(j) of word 2*bit0(i) + bit0(j) of philox(seed, j & ~9, i & ~9, head, batch):
+# each word holds the four elements (i, j), (i, j+8), (i+8, j), (i+8, j+8) of one row parity and
+# one column parity, so a thread of either orientation uses two whole words. The element is kept
+# iff its draw >= dropout_threshold(p), and kept elements are scaled by keep_scale(p), the exact
+# inverse of that keep rate. Integer compares give the same decision on every device.
+#
+# Why 8-bit draws and 7 rounds: the integer multiplier bounds Philox on a Hopper SM (each round
+# is two 32x32->64-bit products), and the extra time of dropout followed the number of products
+# per score. 16 scores per call of 7 rounds is 0.875 products per score where 8 scores per call of
+# 10 rounds was 2.5. It is the budget of FlashAttention-2's dropout (SDPA's flash backend: 8-bit
+# draws, Philox4x32 with 7 rounds); Philox4x32-7 passes TestU01's BigCrush (Salmon et al., SC'11),
+# 10 rounds being the generator's default safety margin. The price: p is taken in steps of
+# 2**-8 (effective_dropout_p says which p a call gets).
+DROPOUT_BITS = 8
+PHILOX_ROUNDS = 7
+GROUP_BITS = 0x9          # row and column bits that vary inside one Philox call's group
 
 
 def _mulhilo(a: int, b: torch.Tensor):
@@ -47,11 +56,12 @@ def _mulhilo(a: int, b: torch.Tensor):
     return hi & _MASK32, lo
 
 
-def philox(seed: int, c0, c1, c2, c3, n_rounds: int = 10):
+def philox(seed: int, c0, c1, c2, c3, n_rounds: int = PHILOX_ROUNDS):
     """Four uint32 words (as int64 tensors) for the counters (c0, c1, c2, c3) under ``seed``.
 
-    Matches ``tl.philox(seed, c0, c1, c2, c3)`` with 32-bit counters: the key is the seed's
-    low and high 32-bit halves.
+    Matches ``tl.philox(seed, c0, c1, c2, c3, n_rounds)`` with 32-bit counters: the key is the
+    seed's low and high 32-bit halves. The default is the mask's round count (7);
+    n_rounds=10 is the standard Philox4x32-10.
     """
     c0, c1, c2, c3 = torch.broadcast_tensors(*(torch.as_tensor(c, dtype=torch.int64) for c in (c0, c1, c2, c3)))
     c0, c1, c2, c3 = (c & _MASK32 for c in (c0, c1, c2, c3))
@@ -67,29 +77,42 @@ def philox(seed: int, c0, c1, c2, c3, n_rounds: int = 10):
 
 
 def dropout_threshold(p: float) -> int:
-    """Integer threshold: an element is dropped when its 16-bit draw is below it."""
-    return int(round(p * (1 << DROPOUT_BITS)))
+    """Integer threshold: an element is dropped when its 8-bit draw is below it. Refuses a p
+    that the mask's 2**-8 steps would turn into no dropout or into dropping everything, naming
+    the value and the range (every path takes its threshold from here)."""
+    full = 1 << DROPOUT_BITS
+    threshold = int(round(p * full))
+    if threshold >= full or (p > 0 and threshold == 0):
+        edge = 2.0 ** -(DROPOUT_BITS + 1)
+        what = "dropping every element" if threshold else "no dropout at all"
+        raise ValueError(f"dropout_p={p!r} rounds to {what}: the mask's resolution is 2**-{DROPOUT_BITS}, "
+                         f"so dropout_p must be 0 or above {edge!r} and below {1 - edge!r}")
+    return threshold
+
+
+def effective_dropout_p(p: float) -> float:
+    """The drop probability a call with ``dropout_p=p`` gets: p rounded to a multiple of 2**-8
+    (0.1 -> 26/256 = 0.1015625). Kept elements are scaled by its exact inverse keep rate."""
+    return dropout_threshold(p) / (1 << DROPOUT_BITS)
 
 
 def keep_scale(p: float) -> float:
     """1 / (probability of keeping), from the threshold actually used, so that the scaled mask
-    has expectation exactly 1 (p is rounded to a multiple of 2**-16)."""
+    has expectation exactly 1 (p is rounded to a multiple of 2**-8)."""
     full = 1 << DROPOUT_BITS
-    kept = full - dropout_threshold(p)
-    if kept <= 0:
-        raise ValueError(f"dropout_p={p}: rounds to dropping every element (the mask resolution is 2**-16)")
-    return full / kept
+    return full / (full - dropout_threshold(p))
 
 
 def dropout_draws(seed: int, batch, head, rows, cols) -> torch.Tensor:
-    """The 16-bit draw of each element (int64), broadcast over the index tensors."""
+    """The 8-bit draw of each element (int64), broadcast over the index tensors."""
     rows, cols = torch.as_tensor(rows, dtype=torch.int64), torch.as_tensor(cols, dtype=torch.int64)
-    words = philox(seed, cols & ~GROUP_COL_BITS, rows & ~GROUP_ROW_BITS, head, batch)
-    d = 4 * ((rows >> 3) & 1) + 2 * ((cols >> 3) & 1) + (cols & 1)
+    words = philox(seed, cols & ~GROUP_BITS, rows & ~GROUP_BITS, head, batch)
+    word_index = 2 * (rows & 1) + (cols & 1)
+    byte = 2 * ((rows >> 3) & 1) + ((cols >> 3) & 1)
     words = torch.stack(torch.broadcast_tensors(*words))
-    d = torch.broadcast_to(d, words.shape[1:])
-    word = torch.gather(words, 0, (d >> 1).unsqueeze(0)).squeeze(0)
-    return (word >> (DROPOUT_BITS * (d & 1))) & ((1 << DROPOUT_BITS) - 1)
+    word_index = torch.broadcast_to(word_index, words.shape[1:])
+    word = torch.gather(words, 0, word_index.unsqueeze(0)).squeeze(0)
+    return (word >> (DROPOUT_BITS * byte)) & ((1 << DROPOUT_BITS) - 1)
 
 
 def dropout_keep_mask(seed: int, p: float, batch, head, rows, cols) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from dash_plugin import dispatch  # noqa: E402
 from dash_plugin.kernels import hopper  # noqa: E402
-from dash_plugin.kernels.philox import keep_scale  # noqa: E402
+from dash_plugin.kernels.philox import effective_dropout_p, keep_scale  # noqa: E402
 from tests.gpu_oracle import keep_mask, oracle_and_bf16_math, rel  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def mask_readout(hd, hq, hkv, seqlen_q, p, seed):
     value_ok = bool(torch.allclose(kept_value, torch.full_like(kept_value, keep_scale(p) / hd), rtol=1e-2))
     # dV readout: dO = identity rows (S_q = hd) gives dV[j, i] = sum over query heads of P_ij keep scale
     return dict(mismatch=int((got != want).sum()), elements=got.numel(), kept=float(got.float().mean()),
-                expected_kept=1 - round(p * 65536) / 65536, values_ok=value_ok)
+                expected_kept=1 - effective_dropout_p(p), values_ok=value_ok)
 
 
 def grads(hd, causal, hq, hkv, p, seed, schedule):
@@ -96,15 +96,13 @@ def timed(fn, reps=20):
 
 
 def cost(hd, causal, seqlen, p):
-    """ms of forward+backward with and without dropout: ours (Hopper, descending; the mask drawn
-    in the kernels, the default, and drawn ahead) and SDPA flash."""
+    """ms of forward+backward with and without dropout: ours (Hopper, descending) and SDPA flash."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     torch.manual_seed(2)
     b, h = max(1, 16384 // seqlen), 16
     q, k, v, do = (torch.randn(b, seqlen, h, hd, device="cuda", dtype=torch.bfloat16) for _ in range(4))
 
-    def ours(pp, mask="inline"):
-        os.environ["DASH_DROPOUT_MASK"] = mask   # kernels/dropout_bits.py: drawn ahead or in the kernels
+    def ours(pp):
         out, lse = forward(q, k, v, causal, pp, 7)
         backward(do, q, k, v, out, lse, causal, pp, 7)
 
@@ -117,8 +115,7 @@ def cost(hd, causal, seqlen, p):
         torch.autograd.grad(o, (qt, kt, vt), dot)
 
     row = {}
-    for name, fn in (("dash-hopper-descending", ours), ("dash-hopper-descending-ahead", lambda pp: ours(pp, "ahead")),
-                     ("sdpa-flash", sdpa)):
+    for name, fn in (("dash-hopper-descending", ours), ("sdpa-flash", sdpa)):
         t0, t1 = timed(lambda: fn(0.0)), timed(lambda: fn(p))
         row[name] = dict(ms_without=t0, ms_with=t1, cost=t1 / t0)
     return row

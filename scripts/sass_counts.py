@@ -41,12 +41,6 @@ def _without_launch(compile_fn):
     return lambda *a, **kw: (compile_fn(*a, **kw), lambda *args: None)[1]
 
 
-def _fake_draw(seed, dropout_p, batch, heads, layout, *_window, device=None):
-    """kernels/dropout_bits.draw without its Triton launch: an (uninitialised) tensor of the words."""
-    import torch
-    return torch.empty(layout.shape(batch, heads), dtype=torch.int32, device=device)
-
-
 def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int,
              schedule: str = "descending") -> None:
     import torch
@@ -56,8 +50,6 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
         q = torch.empty(2, 512, 4, head_dim, dtype=torch.bfloat16, device="cuda")
         return q, torch.empty(2, 512, heads_kv, head_dim, dtype=torch.bfloat16, device="cuda")
 
-    from dash_plugin.kernels import dropout_bits
-    dropout_bits.draw = _fake_draw
     if kernel == "fwd":
         from dash_plugin.kernels.hopper import fwd_sm90
         fwd_sm90._compile = _without_launch(fwd_sm90._compile)
@@ -100,12 +92,9 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true", help="full mask (default: causal)")
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--heads-kv", type=int, default=4, help="K/V heads for 4 query heads (default 4: MHA)")
-    ap.add_argument("--mask", choices=("ahead", "inline"), default="ahead",
-                    help="dropout: read the mask drawn ahead (kernels/dropout_bits.py) or draw it in the kernel")
     ap.add_argument("--save-sass", metavar="PATH", help="also write the SASS listing there")
     ap.add_argument("--schedule", default="descending", help="bwd: the deterministic schedule compiled (default descending)")
     args = ap.parse_args(argv)
-    os.environ["DASH_DROPOUT_MASK"] = args.mask
     if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
         print("set CUTE_DSL_ARCH=sm_90a (no GPU here to ask)", file=sys.stderr)
         return 2
@@ -123,7 +112,7 @@ def main(argv=None) -> int:
             with open(args.save_sass, "w") as f:
                 f.write(sass)
     print(f"{args.kernel} hdim{args.head_dim} {'full' if args.full else 'causal'} dropout={args.dropout}"
-          + (f" mask={args.mask}" if args.dropout else "") + ": "
+          + ": "
           + " ".join(f"{k}={v}" for k, v in counts.items()))
     return 0
 

@@ -1,7 +1,7 @@
 """The Triton kernels' dropout mask against kernels/philox.py, bit for bit.
 
 `dropout_keep` builds the mask of a whole tile, [BLOCK_M, BLOCK_N] (forward, dQ kernel) or its
-transpose (the KV kernel's S^T), from one Philox call per group of eight elements when the tile
+transpose (the KV kernel's S^T), from one Philox call per group of sixteen elements when the tile
 holds whole 16x16 blocks, element by element otherwise. A tiny kernel stores that mask: under
 TRITON_INTERPRET=1 on the CPU, compiled on a GPU machine (there these tests check what the
 compiler made of the joins, reshapes and permutes). The forward/backward check against the
@@ -105,9 +105,19 @@ def test_forward_backward_with_dropout_match_the_float64_reference(schedule):
 
 def test_a_p_that_rounds_to_dropping_everything_is_refused():
     q = torch.randn(1, 16, 1, 16, device=DEVICE)
-    for p in (1 - 2 ** -18, 1 - 2 ** -17):
+    for p in (1 - 2 ** -9, 1 - 2 ** -17):
         with pytest.raises(ValueError, match=f"dropout_p={p}.*rounds to dropping every element"):
             attn_fwd.attention_forward(q, q, q, softmax_scale=0.25, dropout_p=p, seed=1)
         with pytest.raises(ValueError, match="rounds to dropping every element"):
             reference.attention_forward(q.cpu().double(), q.cpu().double(), q.cpu().double(), softmax_scale=0.25,
                                         dropout_p=p, seed=1)
+
+
+def test_a_p_that_rounds_to_no_dropout_is_refused():
+    """p below 2**-9 would silently drop nothing at the mask's 2**-8 resolution."""
+    q = torch.randn(1, 16, 1, 16, device=DEVICE)
+    for p in (1e-6, 2 ** -9):
+        with pytest.raises(ValueError, match=r"rounds to no dropout at all.*must be 0 or above 0.001953125"):
+            attn_fwd.attention_forward(q, q, q, softmax_scale=0.25, dropout_p=p, seed=1)
+    out, _ = attn_fwd.attention_forward(q, q, q, softmax_scale=0.25, dropout_p=2 ** -8, seed=1)   # one step: runs
+    assert out.isfinite().all()

@@ -12,11 +12,11 @@ b. The backward's mask, read out through dV: same q, k, and dO = identity rows (
    heads): the counts must equal the mask's, for every schedule.
 c. out, dq, dk, dv with dropout (p = 0.1, 0.3) against the float64 oracle with the same mask,
    within twice the error of plain bf16 PyTorch math (tests/gpu_oracle.py).
-d. The keep rate over 2**20 elements, within 5 sigma of 1 - round(65536 p) / 65536 (p = 0.1, 0.5).
+d. The keep rate over 2**20 elements, within 5 sigma of 1 - effective_dropout_p(p) (p = 0.1, 0.5).
 e. 1,000 forward + backward passes with dropout bitwise equal to a pass taken before another
    process started loading the GPU, per deterministic schedule and backend; different seeds (also
    seeds that differ only above bit 32) give different masks, each the definition's.
-f. The Hopper kernels' mask drawn ahead gives the bits of the mask drawn inline.
+f. The Hopper kernels' mask at every tile shape they run, read out in chunks (forward and backward).
 g. Packed (varlen) batches: the mask is keyed by the sequence's index and the positions inside
    it; a and b read out on both backends, the float64 oracle, 1,000 passes under load.
 """
@@ -27,7 +27,7 @@ import torch
 
 import dash_plugin
 from dash_plugin.schedules import registry
-from dash_plugin.kernels.philox import keep_scale
+from dash_plugin.kernels.philox import effective_dropout_p, keep_scale
 from tests.gpu_oracle import HOPPER_SKIP, hopper_ready, keep_mask, oracle_and_bf16_math, rel
 from tests.hardening_helpers import gpu_load, count_mismatching_passes, cu_seqlens, dense_inputs, hang_guard
 
@@ -190,7 +190,7 @@ def test_keep_rate_over_a_million_elements(backend, p):
     n = got.numel()
     assert n >= 2 ** 20
     rate = (got != 0).double().mean().item()
-    want = 1 - round(65536 * p) / 65536
+    want = 1 - effective_dropout_p(p)
     sigma = (want * (1 - want) / n) ** 0.5
     print(f"[dropout keep rate] {backend} p={p}: {rate:.6f} over {n} elements, expected {want:.6f} "
           f"({(rate - want) / sigma:+.2f} sigma)")
@@ -261,46 +261,68 @@ def test_different_seeds_give_different_masks(backend):
     assert not any(torch.equal(x, y) for x, y in zip(a, b))
 
 
-# ---------------------------------------------------------------- f. the mask drawn ahead (Hopper)
-# Every tile shape of the two kernels (hdim 96 full: 144-key forward tiles; hdim 128 full: 80-query
-# backward tiles), each mask kind, MHA and GQA, a sequence end inside a tile.
-# Head dims 192 and 256: the forward reads the mask drawn ahead, the backward draws inline (its
-# S tiles are not transposed there, and a thread holds only part of a tile's width).
-AHEAD_CASES = [pytest.param(*case, marks=HOPPER_SKIP) for case in (
-    (128, "mha", "causal", 1000), (128, "gqa4", "full", 200), (128, "mha", "window", 1000),
-    (64, "mha", "full", 1000), (64, "gqa4", "causal", 200), (96, "mha", "full", 200), (96, "gqa4", "causal", 1000),
-    (192, "mha", "causal", 1000), (256, "gqa4", "full", 200))]
+# ---------------------------------------------------------------- f. every Hopper tile shape
+# The Hopper kernels split each 16-score Philox group between two lanes and pair the groups of a
+# thread's column quads; a tile whose quads are odd in number leaves one group unpaired. Each tile
+# shape, read out in chunks of head-dim keys (forward) and queries (backward, through dV): hdim 96
+# full (144-key forward tiles), hdim 128 full (80-query backward tiles), hdim 192 (112-key forward
+# tiles; 48 keys per warpgroup in the backward), hdim 256 (80-key forward tiles; the backward's
+# column pairs), hdim 64 causal, a window, MHA and GQA, lengths that cut tiles.
+TILE_CASES = [pytest.param(*case, marks=HOPPER_SKIP) for case in (
+    (128, "mha", "causal", 300), (128, "gqa4", "full", 200), (128, "mha", "window", 333),
+    (64, "mha", "full", 200), (64, "gqa4", "causal", 300), (96, "mha", "full", 250), (96, "gqa4", "causal", 300),
+    (192, "mha", "causal", 300), (192, "gqa4", "full", 200), (256, "gqa4", "full", 200), (256, "mha", "causal", 300))]
+WINDOWS = {"causal": (-1, 0), "full": (-1, -1), "window": (150, 30)}
 
 
-@pytest.mark.parametrize("d, heads, mask, seqlen", AHEAD_CASES)
-def test_hopper_mask_drawn_ahead_gives_the_bits_of_the_mask_drawn_inline(monkeypatch, d, heads, mask, seqlen):
-    """kernels/dropout_bits.py draws the mask into memory before each Hopper kernel; the kernels
-    then read bits instead of running Philox. Same mask, same arithmetic after it: out, dq, dk
-    and dv must equal, bit for bit, those of the kernels that draw the mask themselves. Ragged
-    lengths (200, 1000) cover tiles cut by the sequence end."""
+def window_visible(seqlen, window):
+    """(S, S) bool: keys each row attends to under a (left, right) window (-1: unlimited side)."""
+    i, j = torch.arange(seqlen)[:, None], torch.arange(seqlen)[None, :]
+    left, right = window
+    return ((left < 0) | (j >= i - left)) & ((right < 0) | (j <= i + right))
+
+
+def chunk_identity(batch, seqlen, heads, d, start):
+    """(B, S, H, D): row start + t is e_t for t < d (as far as S reaches), every other row 0."""
+    x = torch.zeros(batch, seqlen, heads, d, device=DEVICE, dtype=torch.bfloat16)
+    n = min(d, seqlen - start)
+    x[:, start:start + n] = torch.eye(n, d, device=DEVICE, dtype=torch.bfloat16).view(1, n, 1, d)
+    return x
+
+
+@pytest.mark.parametrize("d, heads, mask, seqlen", TILE_CASES)
+def test_hopper_mask_at_every_tile_shape_read_out_in_chunks(d, heads, mask, seqlen):
+    """q = k = 0 makes P uniform over a row's visible keys. Forward: V = identity on keys
+    [k0, k0 + d) gives out[i, j] = keep(i, k0 + j) * scale / n_i. Backward: dO = identity on
+    queries [q0, q0 + d) gives dV[j, i] = sum over the KV head's query heads of
+    keep(q0 + i, j) * scale / n_(q0 + i). Both must be the definition's mask exactly."""
     hq, hkv = HEADS[heads]
-    q, k, v, do = dense_inputs((2, seqlen, seqlen, hq, hkv, d), torch.bfloat16, DEVICE, seed=5)
-    window = {"causal": (-1, 0), "full": (-1, -1), "window": (150, 30)}[mask]
-    from dash_plugin.kernels import dropout_bits
-    drawn = []
-    real_draw = dropout_bits.draw
-
-    def counted_draw(*args, **kwargs):   # count the draws: proof that the `ahead` calls read bits
-        drawn.append(1)
-        return real_draw(*args, **kwargs)
-    monkeypatch.setattr(dropout_bits, "draw", counted_draw)
-    results = {}
-    for mode in ("inline", "ahead"):
-        monkeypatch.setenv("DASH_DROPOUT_MASK", mode)
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out = dash_plugin.flash_attention(*leaves, window=window, dropout_p=0.2, dropout_seed=SEED + d,
+    p, batch, window = 0.3, 2, WINDOWS[mask]
+    zeros = lambda h: torch.zeros(batch, seqlen, h, d, device=DEVICE, dtype=torch.bfloat16)  # noqa: E731
+    vis = window_visible(seqlen, window)
+    keep = keep_mask(SEED, p, batch, hq, seqlen, seqlen) & vis
+    scale_over_n = keep_scale(p) / vis.sum(-1, keepdim=True).clamp_min(1).double()
+    fwd = torch.zeros(batch, hq, seqlen, seqlen, dtype=torch.float64)
+    bwd = torch.zeros(batch, hkv, seqlen, seqlen, dtype=torch.float64)
+    g = torch.Generator(device=DEVICE).manual_seed(2)
+    for start in range(0, seqlen, d):
+        n = min(d, seqlen - start)
+        leaves = [t.requires_grad_() for t in (zeros(hq), zeros(hkv),
+                                               chunk_identity(batch, seqlen, hkv, d, start))]
+        out = dash_plugin.flash_attention(*leaves, window=window, dropout_p=p, dropout_seed=SEED,
                                           schedule="descending", deterministic=True, backend="hopper")
-        assert dash_plugin.last_resolved().concrete_backend == "hopper"
-        results[mode] = (out.detach(), *torch.autograd.grad(out, leaves, do))
-        ahead = 2 if d <= 128 else 1
-        assert len(drawn) == (ahead if mode == "ahead" else 0), f"{mode}: {len(drawn)} masks drawn ahead"
-    for name, a, b in zip(("out", "dq", "dk", "dv"), results["inline"], results["ahead"]):
-        assert torch.equal(a, b), f"{name}: {int((a != b).sum())} of {a.numel()} elements differ"
+        got = dash_plugin.last_resolved()
+        assert (got.concrete_backend, got.concrete_schedule) == ("hopper", "descending"), got.describe()
+        fwd[..., start:start + n] = out.detach().permute(0, 2, 1, 3).double().cpu()[..., :n]
+        leaves[2] = torch.randn(batch, seqlen, hkv, d, device=DEVICE, dtype=torch.bfloat16, generator=g)
+        leaves = [t.detach().requires_grad_() for t in leaves]
+        out = dash_plugin.flash_attention(*leaves, window=window, dropout_p=p, dropout_seed=SEED,
+                                          schedule="descending", deterministic=True, backend="hopper")
+        (dv,) = torch.autograd.grad(out, leaves[2], chunk_identity(batch, seqlen, hq, d, start))
+        bwd[:, :, start:start + n] = dv.permute(0, 2, 3, 1).double().cpu()[:, :, :n]
+    check_counts(fwd, keep.long(), scale_over_n, f"hdim {d} {heads} {mask} forward")
+    counts = keep.view(batch, hkv, hq // hkv, seqlen, seqlen).sum(2)   # query heads h // group share a KV head
+    check_counts(bwd, counts, scale_over_n, f"hdim {d} {heads} {mask} backward (dV)")
 
 
 # ---------------------------------------------------------------- g. packed (varlen) batches

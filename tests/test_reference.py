@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from dash_plugin.kernels import reference
-from dash_plugin.kernels.philox import dropout_draws, dropout_keep_mask, dropout_threshold, keep_scale, philox
+from dash_plugin.kernels.philox import (dropout_draws, dropout_keep_mask, dropout_threshold, effective_dropout_p,
+                                        keep_scale, philox)
 from tests.math_attention import math_attention
 
 CASES = {
@@ -125,11 +126,11 @@ def test_dropout_mask_is_a_pure_function_of_its_counters():
 _M32 = 0xFFFFFFFF
 
 
-def _philox_ints(seed, counter):
-    """Philox4x32-10 on plain Python ints (Random123's philox4x32; key = the seed's 32-bit halves)."""
+def _philox_ints(seed, counter, rounds=7):
+    """Philox4x32-R on plain Python ints (Random123's philox4x32; key = the seed's 32-bit halves)."""
     k0, k1 = seed & _M32, (seed >> 32) & _M32
     c0, c1, c2, c3 = counter
-    for _ in range(10):
+    for _ in range(rounds):
         p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
         c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & _M32, (p0 >> 32) ^ c3 ^ k1, p0 & _M32
         k0, k1 = (k0 + 0x9E3779B9) & _M32, (k1 + 0xBB67AE85) & _M32
@@ -137,12 +138,12 @@ def _philox_ints(seed, counter):
 
 
 def _draw_ints(seed, b, h, i, j):
-    """The 16-bit draw of element (i, j) of (batch b, head h), written from the spec in
-    kernels/philox.py: counter (j & ~9, i & ~8, h, b), draw d = 4*bit3(i) + 2*bit3(j) + bit0(j),
-    the low (d even) or high (d odd) half of word d // 2."""
-    words = _philox_ints(seed, (j & ~9, i & ~8, h, b))
-    d = 4 * ((i >> 3) & 1) + 2 * ((j >> 3) & 1) + (j & 1)
-    return (words[d // 2] >> (16 * (d & 1))) & 0xFFFF
+    """The 8-bit draw of element (i, j) of (batch b, head h), written from the spec in
+    kernels/philox.py: counter (j & ~9, i & ~9, h, b), word 2*bit0(i) + bit0(j), byte
+    2*bit3(i) + bit3(j), Philox4x32-7."""
+    words = _philox_ints(seed, (j & ~9, i & ~9, h, b))
+    word = words[2 * (i & 1) + (j & 1)]
+    return (word >> (8 * (2 * ((i >> 3) & 1) + ((j >> 3) & 1)))) & 0xFF
 
 
 def test_dropout_draws_match_a_scalar_implementation_of_the_spec():
@@ -159,13 +160,18 @@ def test_dropout_draws_match_a_scalar_implementation_of_the_spec():
         assert got.tolist() == [_draw_ints(seed, bs[n], hs[n], is_[n], js[n]) for n in idx]
 
 
-def test_one_philox_call_serves_a_group_of_eight():
-    """The eight draws of a call are rows {i, i+8} x columns {j, j+1, j+8, j+9}: all eight halves
-    of the four words, each once."""
+def test_one_philox_call_serves_a_group_of_sixteen():
+    """The sixteen draws of a call are rows {i, i+1, i+8, i+9} x columns {j, j+1, j+8, j+9}: all
+    sixteen bytes of the four words, each once; and each word is one row parity and one column
+    parity (what lets a `wgmma` thread use two whole words)."""
     words = [int(w) for w in philox(99, 32, 16, 3, 1)]
-    halves = sorted((w >> s) & 0xFFFF for w in words for s in (0, 16))
-    group = dropout_draws(99, 1, 3, torch.tensor([16, 24]).view(2, 1), torch.tensor([32, 33, 40, 41]).view(1, 4))
-    assert sorted(group.flatten().tolist()) == halves
+    rows, cols = torch.tensor([16, 17, 24, 25]), torch.tensor([32, 33, 40, 41])
+    group = dropout_draws(99, 1, 3, rows.view(4, 1), cols.view(1, 4))
+    assert sorted(group.flatten().tolist()) == sorted((w >> s) & 0xFF for w in words for s in (0, 8, 16, 24))
+    for rp in range(2):
+        for cp in range(2):
+            quad = group[rp::2, cp::2].flatten().tolist()   # rows of parity rp x columns of parity cp
+            assert quad == [(words[2 * rp + cp] >> (8 * b)) & 0xFF for b in range(4)]
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])
@@ -173,26 +179,31 @@ def test_dropout_keep_rate_is_one_minus_the_threshold(p):
     n = 1024
     keep = dropout_keep_mask(11, p, 3, torch.arange(2).view(2, 1, 1), torch.arange(n).view(1, n, 1),
                              torch.arange(n).view(1, 1, n))
-    rate = 1 - dropout_threshold(p) / 65536
+    rate = 1 - dropout_threshold(p) / 256
     sigma = (rate * (1 - rate) / keep.numel()) ** 0.5
     assert abs(keep.double().mean().item() - rate) < 5 * sigma
 
 
 def test_keep_scale_is_the_exact_inverse_keep_rate():
-    assert dropout_threshold(0.1) == 6554 and dropout_threshold(0.3) == 19661
+    assert dropout_threshold(0.1) == 26 and dropout_threshold(0.3) == 77
+    assert effective_dropout_p(0.1) == 26 / 256 and effective_dropout_p(0.5) == 0.5
     assert keep_scale(0.0) == 1.0
-    assert keep_scale(1e-6) == 1.0                     # rounds to threshold 0: every element kept
     assert keep_scale(0.5) == 2.0
     assert keep_scale(0.25) == 4 / 3
-    assert keep_scale(0.1) == 65536 / (65536 - 6554)   # not 1 / 0.9
-    assert keep_scale(0.3) == 65536 / (65536 - 19661)
-    assert keep_scale(1 - 2 ** -16) == 65536.0         # one draw value of 2**16 kept
-    for p in (1 - 2 ** -18, 1 - 2 ** -17, 1.0):
+    assert keep_scale(0.1) == 256 / (256 - 26)   # not 1 / 0.9
+    assert keep_scale(0.3) == 256 / (256 - 77)
+    assert keep_scale(1 - 2 ** -8) == 256.0         # one draw value of 2**8 kept
+    for p in (1 - 2 ** -9, 1 - 2 ** -10, 1.0):
         with pytest.raises(ValueError, match="rounds to dropping every element"):
             keep_scale(p)
 
 
-def test_philox_known_answer():
-    # Philox4x32-10 test vector (Random123 kat_vectors): counter 0, key 0.
-    words = [int(w) for w in philox(0, 0, 0, 0, 0)]
-    assert words == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+def test_philox_known_answers():
+    """Random123's test vectors (kat_vectors): Philox4x32-10 and the mask's Philox4x32-7, counter
+    and key all zeros and all ones; the scalar spec above agrees."""
+    ones = 0xFFFFFFFF
+    assert [int(w) for w in philox(0, 0, 0, 0, 0, n_rounds=10)] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    assert [int(w) for w in philox(0, 0, 0, 0, 0)] == [0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48]
+    assert [int(w) for w in philox(2 ** 64 - 1, ones, ones, ones, ones)] == [0x5207DDC2, 0x45165E59, 0x4D8EE751,
+                                                                               0x8C52F662]
+    assert list(_philox_ints(2 ** 64 - 1, (ones,) * 4)) == [0x5207DDC2, 0x45165E59, 0x4D8EE751, 0x8C52F662]

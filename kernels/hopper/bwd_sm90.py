@@ -44,7 +44,6 @@ from flash_attn.cute.tile_scheduler import SingleTileLPTBwdScheduler, SingleTile
 from flash_attn.cute.named_barrier import NamedBarrierBwd
 from quack import copy_utils, layout_utils
 
-from ..dropout_bits import BitLayout, bits_for_kernel
 from ..philox import keep_scale
 from . import dropout_sm90
 from .masks import fa4_mask
@@ -73,12 +72,11 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     RECORD_WAITS = False
 
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
-                 dropout: bool = False, keep_bits: bool = False, **kwargs):
+                 dropout: bool = False, **kwargs):
         self.kv_descending = kv_descending
         self.visit = visit
         self.group_size = group_size
         self.dropout = dropout
-        self.keep_bits = keep_bits   # the mask comes drawn ahead (kernels/dropout_bits.py)
         self._index_lists = False
         super().__init__(*args, has_aux_tensors=dropout, **kwargs)
 
@@ -109,13 +107,9 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         if self.dropout:
             # Trace-time state: the run-time dropout constants, loaded where the consumers start,
             # for every per-Q-tile step and the dK/dV epilogue traced inside.
-            self._drop, self._bits, _ = dropout_sm90.drop_params_of_mma(
+            self._drop, _ = dropout_sm90.drop_params_of_mma(
                 FlashAttentionBackwardSm90.mma, self, args, kwargs)
         return super().mma(*_with_computed_visits(self, args, _MMA_ARGS), **kwargs)
-
-    @property
-    def bits_col_tile(self):
-        return self.tile_m   # S^T: rows are keys, columns queries (a mask drawn ahead needs SdP_swapAB)
 
     def epilogue_dKV(self, acc_dV, mdV, sV, acc_dK, *args, **kwargs):
         """FA4's epilogue; with dropout, dV and dK first take the keep scale that the per-score
@@ -296,8 +290,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         drop = self._drop
         state_dO = consumer_state_Q if const_expr(self.Q_stage == self.dO_stage) else consumer_state_dO
         # The accumulator's coordinates (rows = keys under SdP_swapAB, the head dims up to 128;
-        # rows = queries above); a mask drawn ahead is loaded now, so the loads are in flight
-        # while the products run.
+        # rows = queries above).
         if const_expr(self.SdP_swapAB):
             coords = cute.make_identity_tensor((self.tile_n, self.tile_m))
             coords = cute.domain_offset((tile["n_block"] * self.tile_n, m_block * self.tile_m), coords)
@@ -305,8 +298,6 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
             coords = cute.domain_offset((m_block * self.tile_m, tile["n_block"] * self.tile_n), coords)
         coords_mn = layout_utils.reshape_acc_to_mn(tile["thr_mma_SdP"].partition_C(coords))
-        if const_expr(self.keep_bits):
-            words = self._bits.load(coords_mn, tile["batch_idx"], tile["head_idx"], m_block)
         idx_Q = consumer_state_Q.index
         idx_dO = state_dO.index if const_expr(self.dO_stage > 1) else 0
         idx_PdS = idx_Q if const_expr(self.PdS_stage > 1) else 0
@@ -326,9 +317,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
                 acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * softmax_scale_log2 - lse_r, fastmath=True)
         # Dropout, in the accumulator's own orientation.
-        if const_expr(self.keep_bits):
-            dropout_sm90.apply_keep_bits(layout_utils.reshape_acc_to_mn(acc_S), words, True)
-        elif const_expr(self.SdP_swapAB):
+        if const_expr(self.SdP_swapAB):
             dropout_sm90.mark_dropped(layout_utils.reshape_acc_to_mn(acc_S), coords_mn,
                                       tile["head_idx"], tile["batch_idx"], drop)
         elif const_expr(self._whole_groups()):   # the forward's orientation: a thread holds whole groups
@@ -572,7 +561,6 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     else:
         batch, seqlen_q, heads, head_dim = q.shape
         seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    band = (window_left, 0 if causal else window_right)   # ours; causal is a right window of 0
     causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)
     cfg = tiles(head_dim, causal, local)
     tm, tn = cfg.m_block_size, cfg.n_block_size
@@ -623,19 +611,10 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
                                   *q.shape[:-2], *k.shape[:-2]))
     dropout = dropout_p > 0
     aux = [dropout_sm90.params_tensor(seed, dropout_p, dev)] if dropout else None
-    bits = None
-    # A mask drawn ahead is read in S^T tiles (rows are keys, columns queries), whose whole width
-    # each thread holds: the head dims up to 128 (SdP_swapAB). Above, the kernel draws inline.
-    if dropout and cfg.SdP_swapAB and not varlen:   # a dense layout: packed batches draw inline
-        bits = bits_for_kernel(seed, dropout_p, batch, heads,
-                               lambda: BitLayout(seqlen_k, seqlen_q, tn, tm, transposed=True), *band, device=dev)
-    keep_bits = bits is not None
-    if keep_bits:
-        aux.append(bits)
     head_by_head = tables.group_size > 1   # cyclic groups must be co-resident
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
-           float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout, keep_bits,
+           float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout,
            sem_cols, varlen)
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
@@ -648,7 +627,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             AtomLayoutNdKV=cfg.AtomLayoutNdKV, AtomLayoutMdQ=cfg.AtomLayoutMdQ,
             num_threads=(cfg.num_wg + 1) * 128, V_in_regs=False, q_subtile_factor=1,
             dQ_single_wg=cfg.dQ_single_wg, kv_descending=tables.kv_descending, visit=tables.visit,
-            group_size=tables.group_size, dropout=dropout, keep_bits=keep_bits)
+            group_size=tables.group_size, dropout=dropout)
         sems = [None if t is None else fa4_utils.convert_from_dlpack_leading_static(
                     t, leading_dim=3, alignment=4, stride_order=t.dim_order())
                 for t in (sem_dq, sem_dk, sem_dv)]

@@ -3,7 +3,7 @@ compiles one kernel per key).
 
 Run-time arguments (sizes, strides, the softmax scale, window sizes, the dropout seed) are not in
 it; what the compiler bakes in is: dtype, head dim, the GQA group, the mask kind, which window
-sides are limited, the softcap value, dropout (and whether its mask comes drawn ahead), whether the
+sides are limited, the softcap value, dropout, whether the
 batch is packed (varlen: the tensors lose their batch dimension and the kernel reads cu_seqlens),
 and which input dimensions have stride 0 (CuTe keeps those static when it marks a layout dynamic:
 K/V expanded over the batch, say).
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 
 def forward_key(q, k, v, *, causal: bool, local: bool, window_size_left, window_size_right, softcap: float,
-                dropout: bool, keep_bits: bool = False, varlen: bool = False) -> tuple:
+                dropout: bool, varlen: bool = False) -> tuple:
     """The key of fwd_sm90's compile cache for inputs (B, S, H, D), or (T, H, D) when `varlen`;
     the mask arguments in FA4's terms (masks.fa4_mask)."""
     return (q.dtype, q.shape[-1], q.shape[-2] // k.shape[-2], bool(causal), bool(local), window_size_left is None,
-            window_size_right is None, float(softcap), bool(dropout), bool(keep_bits),
+            window_size_right is None, float(softcap), bool(dropout),
             tuple(tuple(stride == 0 for stride in t.stride()) for t in (q, k, v)), bool(varlen))

@@ -26,7 +26,6 @@ from flash_attn.cute import utils as fa4_utils
 from flash_attn.cute.cute_dsl_utils import maybe_contiguous, to_cute_aux_tensor, to_cute_tensor, torch2cute_dtype_map
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
-from ..dropout_bits import BitLayout, bits_for_kernel
 from ..varlen import seqlens_of
 from . import dropout_sm90
 from .fwd_key import forward_key
@@ -37,9 +36,8 @@ _compiled: dict = {}
 
 def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, window_size_left,
              window_size_right, aux):
-    dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, keep_bits, *_layout = key
+    dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, *_layout = key
     cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
-    extra = dict(keep_bits=keep_bits) if dropout else {}
     kernel_cls = dropout_sm90.DropoutForwardSm90 if dropout else FlashAttentionForwardSm90
     kernel = kernel_cls(
         torch2cute_dtype_map[dtype], head_dim, head_dim, group, is_causal=causal, is_local=local,
@@ -47,7 +45,7 @@ def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, 
         num_stages=2, num_threads=384, Q_in_regs=False, intra_wg_overlap=cfg.intra_wg_overlap,
         mma_pv_is_rs=cfg.mma_pv_is_rs, mask_mod=None,
         score_mod=fa4_utils.create_softcap_scoremod(softcap) if softcap else None,
-        has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False, **extra)
+        has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False)
     cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0)
           for t in (cu_seqlens_q, cu_seqlens_k)]
     return cute.compile(
@@ -66,7 +64,6 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     a row that sees no key gets out 0 and lse +inf. Windows and softcap as in masks.py; dropout
     with the mask of kernels/philox.py (not with softcap; a packed batch keys it by sequence
     index and positions inside the sequence, as every backend does)."""
-    band = (window_left, 0 if causal else window_right)   # ours; causal is a right window of 0
     causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)
     dropout_sm90.refuse_softcap(dropout_p, softcap)
     dropout = dropout_p > 0
@@ -87,18 +84,8 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     if q.numel() == 0 or k.numel() == 0:   # nothing to launch; no key is visible: softmax of nothing
         return out.zero_(), lse.fill_(float("inf"))
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
-    bits = None
-    if dropout and not varlen:   # the mask drawn ahead has a dense layout; packed batches draw inline
-        def layout_of():
-            cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
-            return BitLayout(seqlen_q, k.shape[1], cfg.m_block_size, cfg.n_block_size, transposed=False)
-        bits = bits_for_kernel(seed, dropout_p, batch, heads, layout_of, *band, device=q.device)
-    keep_bits = bits is not None
-    if keep_bits:
-        aux.append(bits)
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
-                      window_size_right=window_size_right, softcap=softcap, dropout=dropout, keep_bits=keep_bits,
-                      varlen=varlen)
+                      window_size_right=window_size_right, softcap=softcap, dropout=dropout, varlen=varlen)
     kernel = _compiled.get(key)
     if kernel is None:
         kernel = _compiled[key] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
