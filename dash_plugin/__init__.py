@@ -6,10 +6,11 @@
 from .api import flash_attention
 from .config import (SCHEDULES, DETERMINISTIC_SCHEDULES, ResolvedConfig, configure, dash_config, last_resolved,
                      reset_config, resolve_config)
+from .kernels.philox import effective_dropout_p
 
 __version__ = "0.1.0"
 __all__ = ["flash_attention", "configure", "dash_config", "reset_config", "resolve_config", "last_resolved",
-           "ResolvedConfig", "SCHEDULES", "DETERMINISTIC_SCHEDULES"]
+           "ResolvedConfig", "SCHEDULES", "DETERMINISTIC_SCHEDULES", "effective_dropout_p"]
 
 
 def _register_integrations():

@@ -25,7 +25,9 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     ``schedule`` / ``deterministic`` / ``backend`` override the config switch (see
     ``dash_plugin.config``); ``model_config`` lets a Hugging Face config's ``dash_attention`` entry
     take part.
-    Dropout draws its seed from torch's default generator unless ``dropout_seed`` is given.
+    Dropout draws its seed from torch's default generator unless ``dropout_seed`` is given; its
+    mask takes ``dropout_p`` in steps of 2**-8 (``dash_plugin.effective_dropout_p`` gives the p a
+    call gets, whose exact inverse keep rate scales the kept values).
 
     Returns ``out`` (like ``q``), or ``(out, lse)`` with ``return_lse=True``; ``lse`` is fp32
     (fp64 for fp64 inputs) ``(B, H_q, S_q)``, varlen ``(H_q, T_q)``.

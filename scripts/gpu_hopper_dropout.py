@@ -2,6 +2,7 @@
 against float64, repeatability, and the cost of dropout next to SDPA's flash backend.
 
     python scripts/gpu_hopper_dropout.py OUT_DIR [--stages mask,grad,det,time]
+        [--schedules descending,arrival] [--seqlens 2048,8192]   (the time stage's orders and lengths)
 
 Writes OUT_DIR/hopper_dropout.json and prints one line per check. The pytest versions of the
 checks are in tests/test_gpu_dropout.py; this script is the quick look and the timing.
@@ -95,16 +96,17 @@ def timed(fn, reps=20):
     return best
 
 
-def cost(hd, causal, seqlen, p):
-    """ms of forward+backward with and without dropout: ours (Hopper, descending) and SDPA flash."""
+def cost(hd, causal, seqlen, p, schedules=("descending",)):
+    """ms of forward+backward with and without dropout: ours (Hopper, each of `schedules`) and SDPA
+    flash, in one process on the same inputs."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     torch.manual_seed(2)
     b, h = max(1, 16384 // seqlen), 16
     q, k, v, do = (torch.randn(b, seqlen, h, hd, device="cuda", dtype=torch.bfloat16) for _ in range(4))
 
-    def ours(pp):
+    def ours(pp, schedule):
         out, lse = forward(q, k, v, causal, pp, 7)
-        backward(do, q, k, v, out, lse, causal, pp, 7)
+        backward(do, q, k, v, out, lse, causal, pp, 7, schedule)
 
     qt, kt, vt = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
     dot = do.transpose(1, 2)
@@ -115,7 +117,8 @@ def cost(hd, causal, seqlen, p):
         torch.autograd.grad(o, (qt, kt, vt), dot)
 
     row = {}
-    for name, fn in (("dash-hopper-descending", ours), ("sdpa-flash", sdpa)):
+    impls = [(f"dash-hopper-{s}", lambda pp, s=s: ours(pp, s)) for s in schedules] + [("sdpa-flash", sdpa)]
+    for name, fn in impls:
         t0, t1 = timed(lambda: fn(0.0)), timed(lambda: fn(p))
         row[name] = dict(ms_without=t0, ms_with=t1, cost=t1 / t0)
     return row
@@ -126,6 +129,8 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--stages", default="mask,grad,det,time")
     ap.add_argument("--passes", type=int, default=100)
+    ap.add_argument("--schedules", default="descending", help="time stage: our orders, comma list")
+    ap.add_argument("--seqlens", default="2048,4096,8192", help="time stage: sequence lengths, comma list")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     stages = args.stages.split(",")
@@ -157,9 +162,9 @@ def main():
         res["time"] = {}
         for hd in (128, 64):
             for causal in (True, False):
-                for seqlen in (2048, 4096, 8192):
+                for seqlen in (int(x) for x in args.seqlens.split(",")):
                     t = time.time()
-                    r = cost(hd, causal, seqlen, 0.1)
+                    r = cost(hd, causal, seqlen, 0.1, tuple(args.schedules.split(",")))
                     res["time"][f"hd{hd} {'causal' if causal else 'full'} {seqlen}"] = r
                     print("time", hd, causal, seqlen, {k: f"{v['cost']:.3f} ({v['ms_without']:.2f}->{v['ms_with']:.2f} ms)"
                                                      for k, v in r.items()}, f"{time.time() - t:.0f}s", flush=True)

@@ -73,6 +73,8 @@ BAD = [
     (dict(softcap=-1.0), ValueError, "softcap=-1.0"),
     (dict(dropout_p=1.0), ValueError, r"dropout_p=1.0 must be in \[0, 1\)"),
     (dict(dropout_p=1 - 2 ** -17), ValueError, r"dropout_p=0.99999237\d* rounds to dropping every element"),
+    (dict(dropout_p=1e-4), ValueError, r"dropout_p=0.0001 rounds to no dropout at all: the mask's resolution is "
+                                       r"2\*\*-8, so dropout_p must be 0 or above 0.001953125 and below 0.998046875"),
     (dict(softmax_scale=0), ValueError, "softmax_scale=0"),
     (dict(softcap=float("nan")), ValueError, r"softcap=nan must be a finite number >= 0"),
     (dict(softcap=float("inf")), ValueError, r"softcap=inf must be a finite number >= 0"),
@@ -167,3 +169,20 @@ def test_float64_is_float64_accurate_lse_included(varlen):
     torch.testing.assert_close(out, want_out, rtol=0, atol=1e-13)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_effective_dropout_p_is_the_p_a_call_gets():
+    """The mask takes p in steps of 2**-8: effective_dropout_p says which, and the keep rate read
+    off a forward's mask (q = k = 0, V = identity: out = keep * scale / S_k) is 1 minus it."""
+    assert dash_plugin.effective_dropout_p(0.1) == 26 / 256
+    assert dash_plugin.effective_dropout_p(0.0) == 0.0 and dash_plugin.effective_dropout_p(0.25) == 0.25
+    d, s = 16, 16
+    q = torch.zeros(2, 512, 4, d, dtype=torch.float64)
+    v = torch.eye(s, d, dtype=torch.float64).view(1, s, 1, d).expand(2, s, 4, d)
+    out = dash_plugin.flash_attention(q, torch.zeros(2, s, 4, d, dtype=torch.float64), v, dropout_p=0.1,
+                                      dropout_seed=3)
+    kept = out != 0
+    assert torch.allclose(out[kept], torch.full_like(out[kept], 256 / 230 / s))   # scale = 1 / (1 - 26/256)
+    rate, n = kept.double().mean().item(), kept.numel()
+    want = 1 - 26 / 256
+    assert abs(rate - want) < 5 * (want * (1 - want) / n) ** 0.5

@@ -495,7 +495,7 @@ def test_cli_gqa_only_selects_the_gqa_row_alone():
 
 
 # ---------------------------------------------------------------------------- --dropout
-@pytest.mark.parametrize("text, value", [("0.1", 0.1), ("0", 0.0), ("0.5", 0.5), ("1e-3", 1e-3)])
+@pytest.mark.parametrize("text, value", [("0.1", 0.1), ("0", 0.0), ("0.5", 0.5), ("2e-3", 2e-3)])
 def test_cli_dropout_flag_parses(text, value):
     assert cli.build_parser().parse_args(["--dropout", text]).dropout == value
     assert cli.build_parser().parse_args([]).dropout == 0.0
@@ -503,14 +503,14 @@ def test_cli_dropout_flag_parses(text, value):
 
 @pytest.mark.parametrize("argv", [["--dropout", "-0.1"], ["--dropout=-0.1"], ["--dropout", "1.0"],
                                   ["--dropout", "abc"], ["--dropout", "nan"], ["--dropout", "inf"],
-                                  ["--dropout", "1.5"]])
+                                  ["--dropout", "1.5"], ["--dropout", "1e-3"], ["--dropout", "0.999"]])
 def test_cli_dropout_flag_rejects_bad_values_naming_flag_value_and_range(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(argv)
     assert exc.value.code == 2
     err = capsys.readouterr().err
     value = argv[-1].split("=")[-1]
-    assert "--dropout" in err and repr(value) in err and "0 <= P < 1" in err, err
+    assert "--dropout" in err and repr(value) in err and "above 2**-9 and below 1 - 2**-9" in err, err
     with pytest.raises(ValueError, match=r"dropout_p must be a number in \[0, 1\)"):
         runner.Settings(dropout_p=1.0)
 

@@ -30,7 +30,8 @@ def _int_list(text: str, name: str) -> list[int]:
     return values
 
 
-DROPOUT_ALLOWED = "a number with 0 <= P < 1 (0: no dropout; e.g. 0.1)"
+DROPOUT_ALLOWED = ("0 (no dropout) or a number above 2**-9 and below 1 - 2**-9 (the mask takes P in steps "
+                   "of 2**-8; e.g. 0.1)")
 
 
 def _dropout(text: str) -> float:
@@ -41,6 +42,11 @@ def _dropout(text: str) -> float:
         value = None
     if value is None or not math.isfinite(value) or not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed: P must be {DROPOUT_ALLOWED}")
+    from ..kernels.philox import dropout_threshold   # torch: imported only when the flag is given
+    try:
+        dropout_threshold(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: P must be {DROPOUT_ALLOWED}") from None
     return value
 
 

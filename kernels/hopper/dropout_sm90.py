@@ -159,27 +159,45 @@ def _unit_words(drop, anchors, u, odd, head, batch, rows_are_queries):
 
 
 @cute.jit
-def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop,
-                       negate: cutlass.Constexpr[bool] = False):
-    """Forward: P -> P * keep, in place (the keep scale is applied once per output element, by
-    DropoutForwardSm90.epilogue); `negate`: dropped P -> -P instead (the backward's marking,
-    see mark_dropped, where its accumulator has rows = queries). `acc_mn` is the accumulator's
-    (rows, cols) view with rows = queries; thread-local row pairs (r, r+1) are rows i, i+8 and
-    column quads c..c+3 are columns j, j+1, j+8, j+9: half a group (the partner lane holds rows
-    i+1, i+9). Entry (r + dr, c + q) is byte 2*dr + q // 2 of word q % 2 of the thread's two."""
+def _drop_quads(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop,
+                rows_are_queries: cutlass.Constexpr[bool], negate: cutlass.Constexpr[bool]):
+    """Dropped entries of `acc_mn` (the accumulator's (rows, cols) view) -> 0, or -P with
+    `negate`. A thread's row pair (r, r+1) is rows x, x+8 and its column quad c..c+3 columns
+    y, y+1, y+8, y+9: half a group, the partner lane (lane ^ 4) holding rows x+1, x+9. Entry
+    (r + dr, c + q) is word q % 2 of the thread's two and byte 2*bit3(query) + bit3(key):
+    2*dr + q // 2 with rows = queries, 2 * (q // 2) + dr with rows = keys."""
     quads = cute.size(acc_mn, mode=[1]) // 4
     odd = odd_row(coords_mn)
     for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
-        anchors = [coords_mn[r, 4 * qd] for qd in range(quads)]
+        if const_expr(rows_are_queries):
+            anchors = [coords_mn[r, 4 * qd] for qd in range(quads)]
+        else:
+            anchors = [(coords_mn[r, 4 * qd][1], coords_mn[r, 4 * qd][0]) for qd in range(quads)]   # (query, key)
         for qa in cutlass.range_constexpr(0, quads, 2):
-            units = _unit_words(drop, anchors, qa, odd, head, batch, True)
+            units = _unit_words(drop, anchors, qa, odd, head, batch, rows_are_queries)
             for k in cutlass.range_constexpr(len(units)):
                 c = 4 * (qa + k)
                 for dr in cutlass.range_constexpr(2):
                     for q in cutlass.range_constexpr(4):
+                        byte = 2 * dr + q // 2 if const_expr(rows_are_queries) else 2 * (q // 2) + dr
                         x = acc_mn[r + dr, c + q]
                         dropped = -x if const_expr(negate) else Float32(0.0)
-                        acc_mn[r + dr, c + q] = x if drop.kept(units[k][q % 2], 2 * dr + q // 2) else dropped
+                        acc_mn[r + dr, c + q] = x if drop.kept(units[k][q % 2], byte) else dropped
+
+
+def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, negate: bool = False):
+    """Forward: P -> P * keep, in place (the keep scale is applied once per output element, by
+    DropoutForwardSm90.epilogue); `negate`: dropped P -> -P instead (the backward's marking,
+    see mark_dropped, where its accumulator has rows = queries). `acc_mn`'s rows are queries and
+    its column quads whole halves of groups (tile slices of whole 16-column blocks)."""
+    _drop_quads(acc_mn, coords_mn, head, batch, drop, True, negate)
+
+
+def mark_dropped(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
+    """Backward, on P^T (rows = keys, cols = queries): kept P stays, dropped P -> -P (the keep
+    scale is applied to the gradients once, after the products). The sign carries the mask to
+    the dS step (P >= 0), so no mask registers are held across the dP product."""
+    _drop_quads(acc_mn, coords_mn, head, batch, drop, False, True)
 
 
 @cute.jit
@@ -203,29 +221,6 @@ def drop_by_pairs(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop
                         x = acc_mn[r + dr, c + e]
                         dropped = -x if const_expr(negate) else Float32(0.0)
                         acc_mn[r + dr, c + e] = x if drop.kept(units[k][e], Uint32(2 * dr) + upper) else dropped
-
-
-@cute.jit
-def mark_dropped(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
-    """Backward, on P^T (rows = keys, cols = queries): kept P stays, dropped P -> -P (the keep
-    scale is applied to the gradients once, after the products).
-
-    The sign carries the mask to the dS step (P >= 0), so no mask registers are held across the
-    dP product. A thread's row pairs are keys j, j+8 of one parity and its column quads queries
-    i, i+1, i+8, i+9: half a group, the partner lane (lane ^ 4) holding keys j+1, j+9. Entry
-    (r + dr, c + q) is byte 2 * (q // 2) + dr of word q % 2 of the thread's two."""
-    quads = cute.size(acc_mn, mode=[1]) // 4
-    odd = odd_row(coords_mn)
-    for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
-        anchors = [(coords_mn[r, 4 * qd][1], coords_mn[r, 4 * qd][0]) for qd in range(quads)]   # (query, key)
-        for qa in cutlass.range_constexpr(0, quads, 2):
-            units = _unit_words(drop, anchors, qa, odd, head, batch, False)
-            for k in cutlass.range_constexpr(len(units)):
-                c = 4 * (qa + k)
-                for dr in cutlass.range_constexpr(2):
-                    for q in cutlass.range_constexpr(4):
-                        x = acc_mn[r + dr, c + q]
-                        acc_mn[r + dr, c + q] = x if drop.kept(units[k][q % 2], 2 * (q // 2) + dr) else -x
 
 
 class _DroppingSoftmax:
