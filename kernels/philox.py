@@ -80,8 +80,10 @@ def dropout_threshold(p: float) -> int:
     """Integer threshold: an element is dropped when its 8-bit draw is below it. Refuses a p
     that the mask's 2**-8 steps would turn into no dropout or into dropping everything, naming
     the value and the range (every path takes its threshold from here)."""
+    if not 0.0 <= p < 1.0:   # NaN too
+        raise ValueError(f"dropout_p={p!r} must be in [0, 1)")
     full = 1 << DROPOUT_BITS
-    threshold = int(round(p * full))
+    threshold = int(round(p * full))   # ties to even: 3 * 2**-9 and 5 * 2**-9 both give 2
     if threshold >= full or (p > 0 and threshold == 0):
         edge = 2.0 ** -(DROPOUT_BITS + 1)
         what = "dropping every element" if threshold else "no dropout at all"

@@ -193,9 +193,16 @@ def test_keep_scale_is_the_exact_inverse_keep_rate():
     assert keep_scale(0.1) == 256 / (256 - 26)   # not 1 / 0.9
     assert keep_scale(0.3) == 256 / (256 - 77)
     assert keep_scale(1 - 2 ** -8) == 256.0         # one draw value of 2**8 kept
-    for p in (1 - 2 ** -9, 1 - 2 ** -10, 1.0):
+    for p in (1 - 2 ** -9, 1 - 2 ** -10):
         with pytest.raises(ValueError, match="rounds to dropping every element"):
             keep_scale(p)
+    for p in (2 ** -9, 1e-6):
+        with pytest.raises(ValueError, match="rounds to no dropout at all"):
+            effective_dropout_p(p)
+    assert dropout_threshold(2 ** -9 + 1e-12) == 1 and dropout_threshold(1 - 2 ** -9 - 1e-12) == 255
+    for p in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
+            effective_dropout_p(p)
 
 
 def test_philox_known_answers():

@@ -166,6 +166,7 @@ def _drop_quads(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop,
     y, y+1, y+8, y+9: half a group, the partner lane (lane ^ 4) holding rows x+1, x+9. Entry
     (r + dr, c + q) is word q % 2 of the thread's two and byte 2*bit3(query) + bit3(key):
     2*dr + q // 2 with rows = queries, 2 * (q // 2) + dr with rows = keys."""
+    assert cute.size(acc_mn, mode=[1]) % 4 == 0, "a thread's columns must be whole quads"   # at trace time
     quads = cute.size(acc_mn, mode=[1]) // 4
     odd = odd_row(coords_mn)
     for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
