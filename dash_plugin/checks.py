@@ -139,9 +139,9 @@ def _finite(value) -> bool:
 def check_scalars(softcap, dropout_p, softmax_scale):
     if not _finite(softcap) or softcap < 0:
         raise ValueError(f"softcap={softcap!r} must be a finite number >= 0 (0 disables it)")
-    if not _finite(dropout_p) or not 0.0 <= dropout_p < 1.0:
+    if not _finite(dropout_p):   # not a real number: dropout_threshold would fail on the compare
         raise ValueError(f"dropout_p={dropout_p!r} must be in [0, 1)")
-    dropout_threshold(dropout_p)   # the mask's 2**-8 steps: refused here, not deep in a kernel launch
+    dropout_threshold(dropout_p)   # the range and the mask's 2**-8 steps: refused here, not in a kernel launch
     if softmax_scale is not None and (not _finite(softmax_scale) or softmax_scale <= 0):
         raise ValueError(f"softmax_scale={softmax_scale!r} must be a finite number > 0 "
                          "(or None for 1/sqrt(head_dim))")

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .philox import PHILOX_ROUNDS
+from .philox import GROUP_BITS, PHILOX_ROUNDS
 from .varlen import seqlens_of
 
 LOG2E = 1.4426950408889634
@@ -183,6 +183,7 @@ def tanh(x):
 
 
 _ROUNDS = tl.constexpr(PHILOX_ROUNDS)
+_GROUP_CLEAR = tl.constexpr(~GROUP_BITS)   # the row and column bits a group's counter clears
 
 
 @triton.jit
@@ -193,7 +194,7 @@ def _dropout_keep_each(seed, r, c, head, batch, threshold):
     zero = r * 0 + c * 0
     i = zero + r
     j = zero + c
-    w0, w1, w2, w3 = tl.philox(seed, j & ~9, i & ~9, zero + head, zero + batch, n_rounds=_ROUNDS)
+    w0, w1, w2, w3 = tl.philox(seed, j & _GROUP_CLEAR, i & _GROUP_CLEAR, zero + head, zero + batch, n_rounds=_ROUNDS)
     odd_j = (j & 1) != 0
     w = tl.where((i & 1) != 0, tl.where(odd_j, w3, w2), tl.where(odd_j, w1, w0))
     byte = 2 * ((i >> 3) & 1) + ((j >> 3) & 1)
@@ -229,7 +230,7 @@ def dropout_keep(seed, m0, n0, head, batch, threshold,
         rows = m0 + (ar // 8) * 16 + ar % 8           # anchor (r16, rlo): row r16*16 + rlo
         cols = n0 + (ac // 4) * 16 + (ac % 4) * 2     # anchor (c16, cmid): column c16*16 + cmid*2
         zero = rows[:, None] * 0 + cols[None, :] * 0
-        w0, w1, w2, w3 = tl.philox(seed, zero + cols[None, :], zero + (rows[:, None] & ~9), zero + head,
+        w0, w1, w2, w3 = tl.philox(seed, zero + cols[None, :], zero + (rows[:, None] & _GROUP_CLEAR), zero + head,
                                    zero + batch, n_rounds=_ROUNDS)
         odd_row = (zero + rows[:, None] & 1) != 0
         even = tl.where(odd_row, w2, w0)              # word 2*bit0(row) + bit0(col)

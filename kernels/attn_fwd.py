@@ -155,9 +155,7 @@ def _check_common(q, k, v, softmax_scale, causal, window_left, window_right, sof
         raise ValueError(f"causal=True with window_right={window_right}: causal means window_right=0")
     if softcap < 0:
         raise ValueError(f"softcap={softcap}: must be >= 0 (0 turns it off)")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p={dropout_p}: must be in [0, 1)")
-    keep_scale(dropout_p)   # raises for a p the mask cannot take (no dropout or dropping everything)
+    dropout_threshold(dropout_p)   # refuses a p the mask cannot take (out of [0, 1), or lost to its steps)
 
 
 def mask_params(causal, window_left, window_right):

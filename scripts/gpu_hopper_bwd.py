@@ -156,6 +156,11 @@ def time_rounds(impls: dict, repeat: int) -> dict:
     return times
 
 
+def median_ms(ts):
+    """The median of a column's rounds (the upper middle one for an even count), None if it failed."""
+    return None if not ts else sorted(ts)[len(ts) // 2]
+
+
 def gpu_environment() -> dict:
     """The GPU, its SM count, the versions and the date, for a record."""
     import triton
@@ -189,7 +194,7 @@ def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True)
                     impls["fa4"] = lambda: fa4_bwd(q, k, v, out, lse, do, causal, False)
                 times = time_rounds(impls, repeat)
                 for name, ts in times.items():
-                    row[name] = None if not ts else round(flops / sorted(ts)[len(ts) // 2] / 1e9, 1)
+                    row[name] = None if not ts else round(flops / median_ms(ts) / 1e9, 1)
                     if ts and repeat > 1:
                         row[f"{name} rounds"] = [round(flops / t / 1e9, 1) for t in ts]
                 det = [row[k_] for k_ in impls if k_.startswith("cute-") and k_ != "cute-atomic" and row[k_]]

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 from dash_plugin import dispatch  # noqa: E402
 from dash_plugin.kernels.hopper.masks import fa4_mask as fa4_mask_of  # noqa: E402
-from gpu_hopper_bwd import gpu_environment, have_fa4, time_rounds  # noqa: E402
+from gpu_hopper_bwd import gpu_environment, have_fa4, median_ms, time_rounds  # noqa: E402
 
 DTYPE = torch.bfloat16
 TOKENS = 16384
@@ -106,7 +106,7 @@ def dropout_cost(env, kinds, p: float, repeat: int, out_dir: str):
         row = {"point": name, "hdim": d, "gqa": gqa, "causal": causal, "dropout_p": p, "schedule": order,
                "sequences": len(seqs) if seqs is not None else dense[0]}
         for n, ts in times.items():
-            row[f"{n} ms"] = None if not ts else round(sorted(ts)[len(ts) // 2], 3)
+            row[f"{n} ms"] = None if not ts else round(median_ms(ts), 3)
         for b, s_ in (("hopper", order), ("triton", "split")):
             with_, without = row[f"{b}-{s_}-p{p} ms"], row[f"{b}-{s_}-p0.0 ms"]
             row[f"{b} cost"] = None if not (with_ and without) else round(with_ / without, 3)
@@ -174,7 +174,7 @@ def main():
                "lengths": [list(s) for s in seqs] if seqs is not None else list(dense), "fwd_gflop": fwd_flops / 1e9}
         for n, ts in times.items():
             flops = fwd_flops * (1 if n in fwd else 2.5)
-            row[n] = None if not ts else round(flops / sorted(ts)[len(ts) // 2] / 1e9, 1)
+            row[n] = None if not ts else round(flops / median_ms(ts) / 1e9, 1)
             if ts:
                 row[f"{n} rounds"] = [round(flops / x / 1e9, 1) for x in ts]
         det = [row[n] for n in bwd if n.startswith("cute-") and n != "cute-atomic" and row[n]]

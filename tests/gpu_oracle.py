@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from dash_plugin.kernels import hopper
-from dash_plugin.kernels.philox import dropout_keep_mask, keep_scale
-from tests.math_attention import math_attention
+from dash_plugin.kernels.philox import keep_scale
+from tests.math_attention import keep_mask, math_attention  # noqa: F401 (keep_mask: the tests import it from here)
 
 
 def hopper_ready() -> bool:
@@ -29,15 +29,6 @@ HOPPER_SKIP = pytest.mark.skipif(not hopper_ready(), reason="needs an sm90 GPU a
 def rel(a, b):
     """Relative L2 error of a (any device, any dtype) against the float64 CPU tensor b."""
     return ((a.double().cpu() - b).norm() / b.norm()).item()
-
-
-def keep_mask(seed: int, p: float, batch: int, heads: int, seqlen_q: int, seqlen_k: int, device="cpu"):
-    """(B, H_q, S_q, S_k) bool: kept elements of a dense batch (batch b, query head h, row i, column j)."""
-    def idx(n, dim):
-        shape = [1, 1, 1, 1]
-        shape[dim] = n
-        return torch.arange(n, device=device).view(shape)
-    return dropout_keep_mask(seed, p, idx(batch, 0), idx(heads, 1), idx(seqlen_q, 2), idx(seqlen_k, 3))
 
 
 class Oracle(NamedTuple):

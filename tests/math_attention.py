@@ -30,9 +30,18 @@ def math_attention(q, k, v, *, causal=False, softmax_scale=None, window_left=-1,
     lse = torch.logsumexp(s, dim=-1)
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key give 0
     if dropout_p > 0:
-        idx = lambda n, *shape: torch.arange(n, device=q.device).view(shape)  # noqa: E731
-        keep = dropout_keep_mask(seed, dropout_p, torch.tensor(batch_index, device=q.device), idx(hq, hq, 1, 1),
-                                 idx(sq, 1, sq, 1), idx(sk, 1, 1, sk))
+        keep = keep_mask(seed, dropout_p, 1, hq, sq, sk, device=q.device, first_batch=batch_index)[0]
         p = p * keep * keep_scale(dropout_p)
     out = torch.einsum("hqk,khd->qhd", p, vx)
     return out, lse.masked_fill(torch.isneginf(lse), float("inf"))
+
+
+def keep_mask(seed: int, p: float, batch: int, heads: int, seqlen_q: int, seqlen_k: int, device="cpu",
+              first_batch: int = 0):
+    """(B, H_q, S_q, S_k) bool: kept elements of `batch` sequences with batch (varlen: sequence)
+    indices first_batch.., query head h, row i, column j."""
+    def idx(n, dim, start=0):
+        shape = [1, 1, 1, 1]
+        shape[dim] = n
+        return torch.arange(start, start + n, device=device).view(shape)
+    return dropout_keep_mask(seed, p, idx(batch, 0, first_batch), idx(heads, 1), idx(seqlen_q, 2), idx(seqlen_k, 3))

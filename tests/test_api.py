@@ -175,7 +175,7 @@ def test_effective_dropout_p_is_the_p_a_call_gets():
     """The mask takes p in steps of 2**-8: effective_dropout_p says which. A forward's read-out
     (q = k = 0, V = identity: out = keep * scale / S_k) is the definition's mask exactly, and its
     kept values carry the scale of the rounded p, 256 / 230, not 1 / 0.9."""
-    from dash_plugin.kernels.philox import dropout_keep_mask
+    from tests.math_attention import keep_mask
     assert dash_plugin.effective_dropout_p(0.1) == 26 / 256
     assert dash_plugin.effective_dropout_p(0.0) == 0.0 and dash_plugin.effective_dropout_p(0.25) == 0.25
     b, h, sq, d = 2, 4, 512, 16
@@ -184,6 +184,5 @@ def test_effective_dropout_p_is_the_p_a_call_gets():
     out = dash_plugin.flash_attention(q, torch.zeros(b, d, h, d, dtype=torch.float64), v, dropout_p=0.1,
                                       dropout_seed=3)
     kept = out != 0
-    idx = [torch.arange(n).view([-1 if i == dim else 1 for i in range(4)]) for dim, n in enumerate((b, sq, h, d))]
-    assert torch.equal(kept, dropout_keep_mask(3, 0.1, idx[0], idx[2], idx[1], idx[3]))
+    assert torch.equal(kept, keep_mask(3, 0.1, b, h, sq, d).transpose(1, 2))
     assert torch.allclose(out[kept], torch.full_like(out[kept], 256 / 230 / d), rtol=1e-12)

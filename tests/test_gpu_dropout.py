@@ -28,6 +28,7 @@ import torch
 import dash_plugin
 from dash_plugin.schedules import registry
 from dash_plugin.kernels.philox import effective_dropout_p, keep_scale
+from dash_plugin.kernels.reference import visible_mask
 from tests.gpu_oracle import HOPPER_SKIP, hopper_ready, keep_mask, oracle_and_bf16_math, rel
 from tests.hardening_helpers import gpu_load, count_mismatching_passes, cu_seqlens, dense_inputs, hang_guard
 
@@ -73,9 +74,7 @@ def step(q, k, v, do, *, backend, schedule, causal, dropout_p, seed):
 
 def visible(seqlen_q, seqlen_k, causal):
     """(S_q, S_k) bool: keys each row attends to (causal: bottom-right aligned)."""
-    i = torch.arange(seqlen_q)[:, None] + (seqlen_k - seqlen_q)
-    j = torch.arange(seqlen_k)[None, :]
-    return j <= i if causal else torch.ones(seqlen_q, seqlen_k, dtype=torch.bool)
+    return visible_mask(torch.arange(seqlen_q), torch.arange(seqlen_k), seqlen_q, seqlen_k, -1, 0 if causal else -1)
 
 
 def identity(batch, seqlen, heads, d, dtype=torch.bfloat16):
@@ -275,13 +274,6 @@ TILE_CASES = [pytest.param(*case, marks=HOPPER_SKIP) for case in (
 WINDOWS = {"causal": (-1, 0), "full": (-1, -1), "window": (150, 30)}
 
 
-def window_visible(seqlen, window):
-    """(S, S) bool: keys each row attends to under a (left, right) window (-1: unlimited side)."""
-    i, j = torch.arange(seqlen)[:, None], torch.arange(seqlen)[None, :]
-    left, right = window
-    return ((left < 0) | (j >= i - left)) & ((right < 0) | (j <= i + right))
-
-
 def chunk_identity(batch, seqlen, heads, d, start):
     """(B, S, H, D): row start + t is e_t for t < d (as far as S reaches), every other row 0."""
     x = torch.zeros(batch, seqlen, heads, d, device=DEVICE, dtype=torch.bfloat16)
@@ -299,7 +291,7 @@ def test_hopper_mask_at_every_tile_shape_read_out_in_chunks(d, heads, mask, seql
     hq, hkv = HEADS[heads]
     p, batch, window = 0.3, 2, WINDOWS[mask]
     zeros = lambda h: torch.zeros(batch, seqlen, h, d, device=DEVICE, dtype=torch.bfloat16)  # noqa: E731
-    vis = window_visible(seqlen, window)
+    vis = visible_mask(torch.arange(seqlen), torch.arange(seqlen), seqlen, seqlen, *window)
     keep = keep_mask(SEED, p, batch, hq, seqlen, seqlen) & vis
     scale_over_n = keep_scale(p) / vis.sum(-1, keepdim=True).clamp_min(1).double()
     fwd = torch.zeros(batch, hq, seqlen, seqlen, dtype=torch.float64)
@@ -352,10 +344,8 @@ def packed_identity(lengths, side, heads, d):
 
 def sequence_mask(b, sq, sk, hq, causal, p, seed):
     """(H_q, S_q, S_k) kept and visible elements of sequence `b`, and the visible keys per row."""
-    from dash_plugin.kernels.philox import dropout_keep_mask
     vis = visible(sq, sk, causal)
-    keep = dropout_keep_mask(seed, p, b, torch.arange(hq).view(hq, 1, 1), torch.arange(sq).view(1, sq, 1),
-                             torch.arange(sk).view(1, 1, sk))
+    keep = keep_mask(seed, p, 1, hq, sq, sk, first_batch=b)[0]
     return keep & vis, vis.sum(-1, keepdim=True).clamp_min(1).double()
 
 

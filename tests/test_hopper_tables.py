@@ -13,10 +13,10 @@ from dash_plugin.schedules import make_geometry, registry
 from dash_plugin.schedules.plan import AttentionShape, launch_plan
 
 
-def request(schedule, n, d, causal, window=(-1, -1), **kw):
+def request(schedule, n, d, causal, window=(-1, -1), seqlen_k=None, **kw):
     left, right = window
     return Request(torch.device("cuda"), torch.bfloat16, d, schedule, registry.get(schedule).kernel_mode, False,
-                   n, n, causal, left, 0 if causal else right, **kw)
+                   n, n if seqlen_k is None else seqlen_k, causal, left, 0 if causal else right, **kw)
 
 
 def plan_tables(schedule, *, seqlen, head_dim, causal, window=(-1, -1)):
@@ -319,8 +319,8 @@ def test_arrival_with_unequal_lengths_is_the_computed_order(sq, sk):
     """Where keys outnumber queries several KV tiles reach the first row together: they add
     after the others, in KV order, and the kernel's closed form says so."""
     shape = AttentionShape(1, 1, 1, (sq,), (sk,), False, True, -1, 0)
-    req = Request(torch.device("cuda"), torch.bfloat16, 128, "arrival", "ordered", False, sq, sk, True, -1, 0)
-    seq = launch_plan(shape, "arrival", tiles=BACKEND.tiles(req), device=DeviceProps(132)).schedule.sequences[0]
+    seq = launch_plan(shape, "arrival", tiles=BACKEND.tiles(request("arrival", sq, 128, True, seqlen_k=sk)),
+                      device=DeviceProps(132)).schedule.sequences[0]
     assert seq.variant == "arrival"
     for w in seq.workers:
         got = closed_form_visits("arrival", seq.geometry, w.segments[0].kv, group_size=seq.group_size)

@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from dash_plugin.kernels.reference import visible_mask
 from tests.script_modules import SCRIPTS, load_script
 
 
@@ -21,13 +22,7 @@ def bench():
 @pytest.mark.parametrize("sq, sk", [(7, 7), (5, 9), (9, 5), (1, 4), (4, 1)])
 @pytest.mark.parametrize("left, right", [(-1, -1), (-1, 0), (2, 0), (1, 3), (-1, 2), (0, 0)])
 def test_visible_pairs_count_the_mask(bench, sq, sk, left, right):
-    i = torch.arange(sq)[:, None] + (sk - sq)   # bottom-right aligned, as the kernels
-    j = torch.arange(sk)[None, :]
-    ok = torch.ones(sq, sk, dtype=torch.bool)
-    if left >= 0:
-        ok &= j >= i - left
-    if right >= 0:
-        ok &= j <= i + right
+    ok = visible_mask(torch.arange(sq), torch.arange(sk), sq, sk, left, right)   # bottom-right aligned
     assert bench.visible_pairs(sq, sk, left, right) == int(ok.sum())
 
 

@@ -284,20 +284,16 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         Both are computed divided by the keep scale (dV from P * keep, dS as
         P * keep * dP - P * dPsum / scale), which dK and dV take once in the epilogue and dQ in its
         conversion: one multiply per output element instead of one per score. The mask rides on
-        the sign of P (mark_dropped) from the first use to the second."""
+        the sign of P (dropout_sm90.drop_scores) from the first use to the second."""
         # score_mod_fn is FA4's partial with this KV tile's coordinates bound (no score_mod runs here).
         tile = score_mod_fn.keywords
         drop = self._drop
         state_dO = consumer_state_Q if const_expr(self.Q_stage == self.dO_stage) else consumer_state_dO
-        # The accumulator's coordinates (rows = keys under SdP_swapAB, the head dims up to 128;
-        # rows = queries above).
-        if const_expr(self.SdP_swapAB):
-            coords = cute.make_identity_tensor((self.tile_n, self.tile_m))
-            coords = cute.domain_offset((tile["n_block"] * self.tile_n, m_block * self.tile_m), coords)
-        else:
-            coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
-            coords = cute.domain_offset((m_block * self.tile_m, tile["n_block"] * self.tile_n), coords)
-        coords_mn = layout_utils.reshape_acc_to_mn(tile["thr_mma_SdP"].partition_C(coords))
+        # The accumulator's coordinates: rows = keys under SdP_swapAB (the head dims up to 128),
+        # rows = queries above.
+        shape, offset = (self.tile_m, self.tile_n), (m_block * self.tile_m, tile["n_block"] * self.tile_n)
+        coords_mn = dropout_sm90.tile_coords(tile["thr_mma_SdP"], shape[::-1] if const_expr(self.SdP_swapAB) else shape,
+                                             offset[::-1] if const_expr(self.SdP_swapAB) else offset)
         idx_Q = consumer_state_Q.index
         idx_dO = state_dO.index if const_expr(self.dO_stage > 1) else 0
         idx_PdS = idx_Q if const_expr(self.PdS_stage > 1) else 0
@@ -316,16 +312,9 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             lse_r = self._get_stat(lse, r, lane, shuffle=self.shuffle_LSE)
             for c in cutlass.range(cute.size(acc_S_mn, mode=[1]), unroll_full=True):
                 acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * softmax_scale_log2 - lse_r, fastmath=True)
-        # Dropout, in the accumulator's own orientation.
-        if const_expr(self.SdP_swapAB):
-            dropout_sm90.mark_dropped(layout_utils.reshape_acc_to_mn(acc_S), coords_mn,
-                                      tile["head_idx"], tile["batch_idx"], drop)
-        elif const_expr(self._whole_groups()):   # the forward's orientation: a thread holds whole groups
-            dropout_sm90.drop_probabilities(layout_utils.reshape_acc_to_mn(acc_S), coords_mn,
-                                            tile["head_idx"], tile["batch_idx"], drop, negate=True)
-        else:
-            dropout_sm90.drop_by_pairs(layout_utils.reshape_acc_to_mn(acc_S), coords_mn,
-                                       tile["head_idx"], tile["batch_idx"], drop, negate=True)
+        # Dropout, in the accumulator's own orientation: dropped P -> -P.
+        dropout_sm90.drop_scores(acc_S, coords_mn, tile["head_idx"], tile["batch_idx"], drop,
+                                 rows_are_queries=not self.SdP_swapAB, negate=True)
         dpsum = copy_utils.load_s2r(tLSEsdPsum[None, idx_dO])
         # P * keep for dV: the marked (negative) entries become 0
         kept = cute.make_fragment_like(acc_S)
@@ -377,11 +366,6 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         consumer_state_Q.advance()
         consumer_state_dO.advance()
         return consumer_state_Q, consumer_state_dO
-
-    def _whole_groups(self) -> bool:
-        """Each warpgroup's slice of an S tile (rows = queries) starts and ends on 16 columns, so
-        a thread's column quads are whole mask groups (hdim 192: 48 keys each; hdim 256: 24)."""
-        return (self.tile_n // (self.num_wg_mma // self.AtomLayoutMSdP)) % 16 == 0
 
     @cute.jit
     def _dk_step(self, mma_dsq_fn, idx_PdS, idx_Q, tdKrdS, dKV_accumulate):

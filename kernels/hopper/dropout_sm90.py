@@ -31,7 +31,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from quack import layout_utils
 
-from ..philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, PHILOX_ROUNDS, dropout_threshold, keep_scale
+from ..philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, GROUP_BITS, PHILOX_ROUNDS, dropout_threshold
 
 
 def refuse_softcap(dropout_p: float, softcap: float) -> None:
@@ -44,9 +44,8 @@ def refuse_softcap(dropout_p: float, softcap: float) -> None:
 
 def params_tensor(seed: int, dropout_p: float, device) -> torch.Tensor:
     """(seed low 32 bits, seed high 32 bits, threshold, 0) as int32 on `device`."""
-    keep_scale(dropout_p)   # refuses a p the mask cannot take
     seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-    words = [seed & 0xFFFFFFFF, seed >> 32, dropout_threshold(dropout_p), 0]
+    words = [seed & 0xFFFFFFFF, seed >> 32, dropout_threshold(dropout_p), 0]   # refuses a p the mask cannot take
     signed = [w - (1 << 32) if w >= 1 << 31 else w for w in words]
     return torch.tensor(signed, dtype=torch.int32, device=device)
 
@@ -75,7 +74,7 @@ def _philox(c0, c1, c2, c3, k0, k1):
 # Bits of a word above its top draw: shifting byte b up by 8 * (3 - b) puts it on top, where one
 # unsigned compare with threshold << 24 decides it without isolating it first.
 _TOP_SHIFT = 32 - DROPOUT_BITS
-_GROUP_CLEAR = ~0x9 & 0xFFFFFFFF   # kernels/philox.py: GROUP_BITS cleared
+_GROUP_CLEAR = ~GROUP_BITS & 0xFFFFFFFF
 
 
 class DropoutParams:
@@ -166,7 +165,6 @@ def _drop_quads(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop,
     y, y+1, y+8, y+9: half a group, the partner lane (lane ^ 4) holding rows x+1, x+9. Entry
     (r + dr, c + q) is word q % 2 of the thread's two and byte 2*bit3(query) + bit3(key):
     2*dr + q // 2 with rows = queries, 2 * (q // 2) + dr with rows = keys."""
-    assert cute.size(acc_mn, mode=[1]) % 4 == 0, "a thread's columns must be whole quads"   # at trace time
     quads = cute.size(acc_mn, mode=[1]) // 4
     odd = odd_row(coords_mn)
     for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
@@ -186,24 +184,31 @@ def _drop_quads(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop,
                         acc_mn[r + dr, c + q] = x if drop.kept(units[k][q % 2], byte) else dropped
 
 
-def drop_probabilities(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, negate: bool = False):
-    """Forward: P -> P * keep, in place (the keep scale is applied once per output element, by
-    DropoutForwardSm90.epilogue); `negate`: dropped P -> -P instead (the backward's marking,
-    see mark_dropped, where its accumulator has rows = queries). `acc_mn`'s rows are queries and
-    its column quads whole halves of groups (tile slices of whole 16-column blocks)."""
-    _drop_quads(acc_mn, coords_mn, head, batch, drop, True, negate)
+def tile_coords(thr_mma, shape, offset):
+    """The (rows, cols) view of a thread's accumulator coordinates, for a tile of `shape` whose
+    first entry sits at `offset`."""
+    coords = cute.domain_offset(offset, cute.make_identity_tensor(shape))
+    return layout_utils.reshape_acc_to_mn(thr_mma.partition_C(coords))
 
 
-def mark_dropped(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
-    """Backward, on P^T (rows = keys, cols = queries): kept P stays, dropped P -> -P (the keep
-    scale is applied to the gradients once, after the products). The sign carries the mask to
-    the dS step (P >= 0), so no mask registers are held across the dP product."""
-    _drop_quads(acc_mn, coords_mn, head, batch, drop, False, True)
+def drop_scores(acc, coords_mn, head, batch, drop, *, rows_are_queries: bool, negate: bool):
+    """Dropout on accumulator `acc` in place: dropped P -> 0 (the forward, whose keep scale the
+    epilogue applies), or -P with `negate` (the backward's marking: the sign carries the mask to
+    the dS step, so no mask registers are held across the dP product, and the gradients take the
+    keep scale after the products). `rows_are_queries`: S (the forward, the hdim 192/256
+    backwards) or S^T (the backwards up to hdim 128). A thread whose columns are whole quads holds
+    half groups; otherwise (hdim 256's backward, 24 keys per warpgroup) the units are column pairs."""
+    acc_mn = layout_utils.reshape_acc_to_mn(acc)
+    if cute.size(acc_mn, mode=[1]) % 4 == 0:
+        _drop_quads(acc_mn, coords_mn, head, batch, drop, rows_are_queries, negate)
+    else:
+        assert rows_are_queries, "column pairs are drawn in the forward's orientation only"
+        _drop_pairs(acc_mn, coords_mn, head, batch, drop, negate)
 
 
 @cute.jit
-def drop_by_pairs(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, negate: cutlass.Constexpr[bool]):
-    """drop_probabilities for accumulators whose column quads need not be one group: a warpgroup
+def _drop_pairs(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, negate: cutlass.Constexpr[bool]):
+    """_drop_quads for accumulators (rows = queries) whose column quads need not be one group: a warpgroup
     tile whose width is not a multiple of 16 (hdim 256's backward: 24 keys per warpgroup) puts
     columns j, j+1, j+8, j+9 of a quad in two groups. Rows i, i+8 and a column pair x, x+1 always
     lie in one group, so the units are column pairs (one call per 8 of a thread's scores), each
@@ -277,12 +282,11 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
             kw = mask_fn.keywords
             self._tile = (kw["batch_idx"], kw["head_idx"], kw["m_block"])
         batch, head, m_block = self._tile
-        coords = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        coords = cute.domain_offset((m_block * self.tile_m, n_block * self.tile_n), coords)
-        coords_mn = layout_utils.reshape_acc_to_mn(self._thr_mma_qk.partition_C(coords))
+        coords_mn = tile_coords(self._thr_mma_qk, (self.tile_m, self.tile_n),
+                                (m_block * self.tile_m, n_block * self.tile_n))
 
         def apply(acc_S):
-            drop_probabilities(layout_utils.reshape_acc_to_mn(acc_S), coords_mn, head, batch, self._drop)
+            drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False)
 
         return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], apply))
 
