@@ -4,7 +4,7 @@ plan, and the sm90 forward (docs/hopper-backend.md).
 It covers dense and packed (varlen) batches, equal or unequal query/key lengths (masks
 bottom-right aligned), causal, full and sliding-window masks, softcap, head dims 64, 96, 128,
 192 and 256 in fp16/bf16, and dropout (not with softcap); packed batches run every order but
-`shift`, each sequence's from its own lengths (`arrival` up to 64 KV tiles per sequence).
+`shift`, each sequence's from its own lengths.
 `supports` names what else is missing, and the `auto` rule then takes the Triton backend.
 """
 from __future__ import annotations
@@ -54,11 +54,9 @@ class HopperBackend:
         if r.head_dim not in hopper.HEAD_DIMS:
             return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
         causal = hopper.fa4_mask(r.causal, r.window_left, r.window_right)[0]   # however it is spelled
-        # Packed arrival: each sequence's KV tiles are one co-resident group (a longer one falls back),
-        # and its closed form needs KV tiles at least as tall as Q tiles.
+        # Packed arrival: its closed form needs KV tiles at least as tall as Q tiles.
         packed_arrival = r.varlen and r.schedule == "arrival"
         tiles = self.tiles(r) if packed_arrival else None
-        whole_head = hopper.RESIDENT_SLOTS * tiles.block_n if packed_arrival else None
         for missing, what in ((r.seqlen_q == 0 or r.seqlen_k == 0, "an empty sequence"),
                               (r.softcap and r.dropout, "softcap with dropout"),
                               (r.varlen and r.schedule == "shift",
@@ -67,9 +65,6 @@ class HopperBackend:
                               (packed_arrival and tiles.block_m > tiles.block_n,
                                f"schedule='arrival' with varlen at head_dim={r.head_dim} (KV tiles narrower than "
                                "Q tiles reach a row together, an order the kernel does not compute)"),
-                              (packed_arrival and r.seqlen_k > whole_head,
-                               f"schedule='arrival' with varlen and sequences over {whole_head} keys "
-                               "(a longer one takes another order)"),
                               (causal and r.schedule == "shift",
                                "the causal symmetric shift (two KV tiles per worker)")):
             if missing:

@@ -42,13 +42,13 @@ def _without_launch(compile_fn):
 
 
 def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int,
-             schedule: str = "descending") -> None:
+             schedule: str = "descending", seqlen: int = 512) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     def inputs():
-        q = torch.empty(2, 512, 4, head_dim, dtype=torch.bfloat16, device="cuda")
-        return q, torch.empty(2, 512, heads_kv, head_dim, dtype=torch.bfloat16, device="cuda")
+        q = torch.empty(2, seqlen, 4, head_dim, dtype=torch.bfloat16, device="cuda")
+        return q, torch.empty(2, seqlen, heads_kv, head_dim, dtype=torch.bfloat16, device="cuda")
 
     if kernel == "fwd":
         from dash_plugin.kernels.hopper import fwd_sm90
@@ -80,7 +80,7 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
     tables = tables_of(plan.schedule.sequences[0])
     check_waits_follow_launch(tables)
     with fake:
-        lse = torch.empty(2, 4, 512, dtype=torch.float32, device="cuda")
+        lse = torch.empty(2, 4, seqlen, dtype=torch.float32, device="cuda")
         bwd_sm90.attention_backward(q, q, k, k, q, lse, softmax_scale=head_dim ** -0.5, causal=causal,
                                     tables=tables, deterministic=True, dropout_p=dropout, seed=1)
 
@@ -94,13 +94,16 @@ def main(argv=None) -> int:
     ap.add_argument("--heads-kv", type=int, default=4, help="K/V heads for 4 query heads (default 4: MHA)")
     ap.add_argument("--save-sass", metavar="PATH", help="also write the SASS listing there")
     ap.add_argument("--schedule", default="descending", help="bwd: the deterministic schedule compiled (default descending)")
+    ap.add_argument("--seqlen", type=int, default=512,
+                    help="tokens per sequence (default 512; the bwd plan, e.g. arrival's groups, follows it)")
     args = ap.parse_args(argv)
     if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
         print("set CUTE_DSL_ARCH=sm_90a (no GPU here to ask)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump)
-        _compile(args.kernel, args.head_dim, not args.full, args.dropout, args.heads_kv, args.schedule)
+        _compile(args.kernel, args.head_dim, not args.full, args.dropout, args.heads_kv, args.schedule,
+                 args.seqlen)
         files = glob.glob(os.path.join(dump, "*.sass"))
         if len(files) != 1:
             print(f"expected one SASS file, found {len(files)} in {dump}", file=sys.stderr)

@@ -182,13 +182,15 @@ def test_the_order_fa4_also_runs_gives_fa4s_bits(causal, gqa):
     ("ascending", True, 2048, 128, (300, 0)), ("spt", True, 2048, 128, (256, 0)),
     ("descending", False, 2048, 128, (128, 128)), ("descending", False, 2048, 64, (-1, 200)),
     ("ascending", False, 2048, 64, (300, -1)), ("arrival", True, 2048, 128, (-1, -1)),
-    ("arrival", True, 8192, 64, (-1, -1))],
+    ("arrival", True, 8192, 64, (-1, -1)), ("arrival", True, 16384, 128, (-1, -1)),
+    ("arrival", True, 12288, 64, (-1, -1))],
     ids=lambda x: x if isinstance(x, str) else str(x))
 def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, seqlen, head_dim, window):
     """The kernel computes the visit order and ranks (bwd_sm90._visit); reading the plan's tables
     instead must add every dQ tile in the same order, so the bits are equal. The shift cases
     include a whole-head group of 64 KV tiles (8k, hdim 128) and groups split evenly (16k), the
-    arrival cases a whole-head group of 16 and of 64 KV tiles; the windowed ones check the ranks
+    arrival cases a whole-head group of 16 and of 64 KV tiles and heads of two groups launched top
+    group first (128 KV tiles; 96, the bottom group half full); the windowed ones check the ranks
     counted from each row's first visible KV tile."""
     import dataclasses
     from dash_plugin.kernels.hopper import bwd_sm90
@@ -232,16 +234,31 @@ def test_bitwise_equal_over_many_passes_under_another_process(loaded_gpu, schedu
     assert bad == 0
 
 
+def test_arrival_over_several_groups_is_bitwise_equal_under_another_process():
+    """A head of 128 KV tiles runs `arrival` as two groups launched top group first: its waits
+    cross groups, so 1,000 passes while another process loads the GPU must give one set of bits."""
+    p = problem(1, 16384, 4, 4, 128, True, seed=6)
+    first = backward(p, "arrival")
+    torch.cuda.synchronize()
+    with gpu_load() as load, hang_guard(600):
+        bad = count_mismatching_passes(lambda: backward(p, "arrival"), N_PASSES, reference=first)
+        assert load.alive(), f"load process died: {load.stderr()}"
+    print(f"[hopper load] arrival causal 16k (two groups): {N_PASSES} passes, {bad} mismatching")
+    assert bad == 0
+
+
 def test_atomic_differs_between_passes():
     p = problem(2, 2048, 8, 2, 128, False, seed=2)
     assert count_mismatching_passes(lambda: backward(p, "atomic"), 50) > 0
 
 
-@pytest.mark.parametrize("schedule", ("descending", "spt", "arrival"))
-def test_same_bits_while_other_work_occupies_sms(schedule):
-    """Far more CTAs than SMs (4 x 16 heads x 32 KV tiles) launched while matmuls hold SMs: the
-    plan's order, not the free SMs, decides the bits."""
-    p = problem(4, 4096, 16, 16, 128, True, seed=3)
+@pytest.mark.parametrize("schedule, seqlen", [("descending", 4096), ("spt", 4096), ("arrival", 4096),
+                                             ("arrival", 16384)], ids=lambda x: str(x))
+def test_same_bits_while_other_work_occupies_sms(schedule, seqlen):
+    """Far more CTAs than SMs (16 heads x 32 KV tiles x 4 sequences, or x 128 KV tiles: arrival's
+    groups launched top group first) launched while matmuls hold SMs: the plan's order, not the
+    free SMs, decides the bits."""
+    p = problem(16384 // seqlen, seqlen, 16, 16, 128, True, seed=3)
     alone = backward(p, schedule)
     side = torch.cuda.Stream()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

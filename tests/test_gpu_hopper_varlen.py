@@ -176,10 +176,12 @@ def test_unequal_lengths_match_float64_oracle(b, sq, sk, mask):
             assert rel(flat(x), r) <= 2 * bar, f"{schedule} {name}: {rel(flat(x), r):.2e} > 2 x {bar:.2e}"
 
 
-@pytest.mark.parametrize("sq, sk", [(1000, 2048), (2048, 1000)])
+@pytest.mark.parametrize("sq, sk", [(1000, 2048), (2048, 1000), (3000, 12000), (12000, 12000)])
 def test_arrival_with_unequal_lengths_computes_the_bits_of_its_tables(sq, sk):
     """Where keys outnumber queries several KV tiles reach the first row together and add last;
-    the kernel's arithmetic must give the plan's order, so reading the tables gives the same bits."""
+    the kernel's arithmetic must give the plan's order, so reading the tables gives the same bits.
+    Over 64 KV tiles a head runs as groups launched top group first, and the tied tiles of
+    (3000, 12000) lie in both of its groups."""
     import dataclasses
     from dash_plugin.kernels.backends import DeviceProps, Request
     from dash_plugin.kernels.hopper import bwd_sm90, tables_of
@@ -200,6 +202,31 @@ def test_arrival_with_unequal_lengths_computes_the_bits_of_its_tables(sq, sk):
         computed, read = run(tables), run(dataclasses.replace(tables, visit=None))
         torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(computed, read))
+
+
+def test_packed_arrival_over_several_groups_gives_each_sequence_its_own_bits():
+    """Sequences of 71 and 94 KV tiles run `arrival` as groups launched top group first, counted
+    from each sequence's own KV tiles: the packed gradients agree with FA4's ascending adds to
+    rounding, and each sequence's bits are those it gets packed alone."""
+    lengths = ((1000, 1000), (9000, 9000), (3000, 12000))
+    p = packed(lengths, 4, 4, 128, True, seed=8)
+    with hang_guard(300):
+        grads = backward(p, "arrival")
+        ascending = backward(p, "ascending")
+    for name, a, b in zip(("dq", "dk", "dv"), grads, ascending):
+        assert rel(a, b.double().cpu()) < 1e-2, f"{name}: {rel(a, b.double().cpu()):.2e} from ascending"
+    cq, ck = (p["kw"][n].tolist() for n in ("cu_seqlens_q", "cu_seqlens_k"))
+    for b, (sq, sk) in enumerate(lengths):
+        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        cu = [torch.tensor([0, n], dtype=torch.int32, device="cuda") for n in (sq, sk)]
+        solo = dict(q=p["q"][rows], k=p["k"][keys], v=p["v"][keys], do=p["do"][rows], causal=True, mask={},
+                    kw=dict(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], max_seqlen_q=sq, max_seqlen_k=sk))
+        solo["out"], solo["lse"] = hopper.attention_forward(solo["q"], solo["k"], solo["v"], softmax_scale=128 ** -0.5,
+                                                            causal=True, cu_seqlens_q=cu[0], cu_seqlens_k=cu[1])
+        with hang_guard(300):
+            alone = backward(solo, "arrival")
+        for name, x, y, part in zip(("dq", "dk", "dv"), alone, grads, (rows, keys, keys)):
+            assert torch.equal(x, y[part]), f"sequence {b}: {name}"
 
 
 def test_auto_runs_packed_batches_here_and_says_why_where_not():

@@ -276,17 +276,20 @@ def test_packed_batches_of_the_acyclic_orders_run_one_computed_order(schedule, v
 
 
 @pytest.mark.parametrize("d", [d for d in HEAD_DIMS if bwd_tiles(d, True)[0] <= bwd_tiles(d, True)[1]])
-def test_packed_batches_of_arrival_run_one_computed_order_in_one_group_per_sequence(d):
-    """arrival on a packed batch: every sequence (up to 64 KV tiles, more queries than keys or
-    fewer) follows the closed form, with the longest sequence's group as the compiled one."""
-    whole = RESIDENT_SLOTS * bwd_tiles(d, True)[1]   # the keys of one group
+@pytest.mark.parametrize("groups", (1, 3))
+def test_packed_batches_of_arrival_run_one_computed_order(d, groups):
+    """arrival on a packed batch: every sequence (more queries than keys or fewer, up to one
+    group of KV tiles or up to three) follows the closed form under the batch's launch rule,
+    with the longest sequence's group as the compiled one, and every wait points to a tile
+    launched earlier or to one of its own group."""
+    whole = groups * RESIDENT_SLOTS * bwd_tiles(d, True)[1]
     for seed in range(4):
-        lengths = [(min(a, whole), min(b, whole)) for a, b in random_lengths(seed)] + [(whole, whole)]
-        plan = packed_plan("arrival", lengths, d, True)
+        lengths = [(min(a * groups, whole), min(b * groups, whole)) for a, b in random_lengths(seed)]
+        plan = packed_plan("arrival", lengths + [(whole, whole)], d, True)
         tables = batch_tables(plan.schedule.sequences)
         check_waits_follow_launch(tables)
         assert tables.visit == "arrival" and not tables.kv_descending
-        assert tables.group_size == RESIDENT_SLOTS
+        assert tables.group_size == RESIDENT_SLOTS and tables.top_group_first == (groups > 1)
 
 
 def test_packed_arrival_with_kv_tiles_narrower_than_q_tiles_runs_on_triton(monkeypatch):
@@ -314,10 +317,12 @@ def test_a_packed_batch_takes_the_closed_form_its_sequences_share(d):
     check_waits_follow_launch(tables)
 
 
-@pytest.mark.parametrize("sq, sk", [(1000, 2048), (128, 4096), (2048, 1000), (700, 300), (300, 700)])
+@pytest.mark.parametrize("sq, sk", [(1000, 2048), (128, 4096), (2048, 1000), (700, 300), (300, 700),
+                                    (16384, 16384), (9000, 9000), (3000, 9000), (2000, 20000), (128, 20000)])
 def test_arrival_with_unequal_lengths_is_the_computed_order(sq, sk):
     """Where keys outnumber queries several KV tiles reach the first row together: they add
-    after the others, in KV order, and the kernel's closed form says so."""
+    after the others, by (group launched first, KV tile), and the kernel's closed form says so,
+    with one group or several (over 64 KV tiles; tied tiles in one group or spread over three)."""
     shape = AttentionShape(1, 1, 1, (sq,), (sk,), False, True, -1, 0)
     seq = launch_plan(shape, "arrival", tiles=BACKEND.tiles(request("arrival", sq, 128, True, seqlen_k=sk)),
                       device=DeviceProps(132)).schedule.sequences[0]
@@ -325,13 +330,16 @@ def test_arrival_with_unequal_lengths_is_the_computed_order(sq, sk):
     for w in seq.workers:
         got = closed_form_visits("arrival", seq.geometry, w.segments[0].kv, group_size=seq.group_size)
         assert got == list(zip(w.segments[0].q_tiles, w.segments[0].ranks))
+    tables = tables_of(seq)
+    assert tables.visit is not None and tables.top_group_first == (seq.geometry.num_kv_tiles > RESIDENT_SLOTS)
+    check_waits_follow_launch(tables)
 
 
 def test_a_packed_batch_whose_sequences_take_different_orders_is_refused():
-    # arrival keeps a head in one group up to 64 KV tiles; a longer sequence falls back to descending
-    plan = packed_plan("arrival", [(1000, 1000), (9000, 9000)], 128, True)
-    assert {s.variant.split(" ")[0] for s in plan.schedule.sequences} == {"arrival", "descending"}
-    with pytest.raises(Unsupported, match="runs 'arrival', not the descending order"):
+    # full-mask shift: a sequence of one Q tile falls back to ascending, a square one does not
+    plan = packed_plan("shift", [(1000, 1000), (64, 4096)], 128, False)
+    assert [s.variant.split(" ")[0] for s in plan.schedule.sequences] == ["shift-cyclic", "ascending"]
+    with pytest.raises(Unsupported, match="1000 keys .'shift-cyclic'. does not follow the ascending order"):
         batch_tables(plan.schedule.sequences)
 
 
@@ -345,9 +353,8 @@ def test_packed_batches_and_unequal_lengths_run_here(monkeypatch):
                        4096, 4096, causal, -1, 0 if causal else -1, **kw)
     for schedule in ("ascending", "spt", "descending", "atomic", "arrival"):
         assert BACKEND.supports(packed(schedule)) is True
-    long = Request(torch.device("cuda"), torch.bfloat16, 128, "arrival", "ordered", True, 8193, 8193, True, -1, 0)
-    assert BACKEND.supports(long) == ("schedule='arrival' with varlen and sequences over 8192 keys (a longer one "
-                                      "takes another order) runs on the Triton backend")
+    long = Request(torch.device("cuda"), torch.bfloat16, 128, "arrival", "ordered", True, 20000, 20000, True, -1, 0)
+    assert BACKEND.supports(long) is True   # over one group of KV tiles: groups launched top group first
     assert BACKEND.supports(packed("shift", causal=False)).startswith("schedule='shift' with varlen")
     assert BACKEND.supports(packed("descending", dropout=True)) is True
     assert BACKEND.supports(packed("descending", dropout=True, softcap=True)) == \

@@ -126,12 +126,20 @@ def _visits_spt(geo):
     return [(w, [(n - 1 - w, _kv_range(geo, n - 1 - w))]) for w in range(n)]
 
 
+def arrival_launch(n: int, g: int) -> list[int]:
+    """KV tile of each launch slot under `arrival`: groups of g consecutive KV tiles counted from
+    the last one down, the top group launched first, each group from its first KV tile up (the
+    bottom group takes what is left). With g >= n: the plain ascending launch."""
+    return [max(n - (s // g + 1) * g, 0) + s % g for s in range(n)]
+
+
 def _visits_arrival(geo, g):
-    """Ascending visits, KV tiles launched from the first up in groups of g: under a causal mask
-    KV tile j reaches row m at step m - lo_j, a different step for every j, so the rank rule's
-    (group, step, worker) gives each dQ tile's adds in arrival order and nobody waits in
-    lock-step inside a group."""
-    return [(j // g, [(j, _kv_range(geo, j))]) for j in range(geo.num_kv_tiles)]
+    """Ascending visits, launched by `arrival_launch`: under a causal mask KV tile j reaches row
+    m at step m - lo_j, later for every lower j, so at each row the tiles of a higher group
+    arrive first and the rank rule's (group, step, worker) gives each dQ tile's adds in arrival
+    order, nobody waiting in lock-step. Every wait points to a tile of a group launched earlier
+    or to a later tile of its own group (co-resident)."""
+    return [(s // g, [(j, _kv_range(geo, j))]) for s, j in enumerate(arrival_launch(geo.num_kv_tiles, g))]
 
 
 def _visits_shift_cyclic(geo, g):
@@ -226,19 +234,19 @@ def build_shift(geo: SeqGeometry, group_size: int | None = None) -> SequenceSche
 
 
 def build_arrival(geo: SeqGeometry, group_size: int | None = None) -> SequenceSchedule:
-    """Causal masks: ascending visits, longest KV tile launched first, dQ adds in arrival order
-    inside a co-resident group (the whole head). Across groups the rank rule would make a later
-    group wait for the earlier one's last arrival (a staircase), so a head of more KV tiles than
-    one group holds falls back to `descending`; so do other masks, where tiles reach their first
-    rows together (full: the rank rule would give `ascending`'s order)."""
+    """Causal masks: ascending visits, dQ adds in arrival order. A head of up to MAX_GROUP KV
+    tiles (or `group_size`) is one co-resident group launched longest tile first; a longer head
+    is split into groups of that size, launched top group first (`arrival_launch`), which keeps
+    the ranks in arrival order (the tiles of a higher group reach each row first) and every wait
+    on a tile that is launched earlier or co-resident. One group size for every length, so the
+    sequences of a packed batch share one launch rule. Other masks, where tiles reach their
+    first rows together, fall back to `descending` (full: the rank rule would give
+    `ascending`'s order)."""
     n = geo.num_kv_tiles
     if not geo.is_causal:
         return ordered_sequence(geo, _visits_descending(geo), "descending (fallback: not a causal mask)")
-    g = group_size or default_group_size(n)
-    if g < n:
-        return ordered_sequence(geo, _visits_descending(geo),
-                                f"descending (fallback: {n} KV tiles > group {g})")
-    return ordered_sequence(geo, _visits_arrival(geo, n), "arrival", max(n, 1))
+    g = max(min(n, group_size or MAX_GROUP), 1)
+    return ordered_sequence(geo, _visits_arrival(geo, g), "arrival", g)
 
 
 def build_atomic(geo: SeqGeometry, group_size: int | None = None) -> SequenceSchedule:

@@ -22,6 +22,7 @@ Imported only when the Hopper backend runs: it needs CUDA, `flash-attn-4` and th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import threading
 from contextlib import contextmanager
@@ -40,7 +41,7 @@ from flash_attn.cute.block_sparsity import BlockSparseTensorsTorch, to_cute_bloc
 from flash_attn.cute.cute_dsl_utils import to_cute_aux_tensor, to_cute_tensor, torch2cute_dtype_map
 from flash_attn.cute import flash_bwd_sm90
 from flash_attn.cute.flash_bwd_sm90 import FlashAttentionBackwardSm90
-from flash_attn.cute.tile_scheduler import SingleTileLPTBwdScheduler, SingleTileVarlenScheduler
+from flash_attn.cute.tile_scheduler import SingleTileLPTBwdScheduler, SingleTileVarlenScheduler, WorkTileInfo
 from flash_attn.cute.named_barrier import NamedBarrierBwd
 from quack import copy_utils, layout_utils
 
@@ -128,9 +129,13 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             m_block = m_min + step
             n_max = block_info.get_n_block_min_max(seqlen, m_block)[1]
             # The KV tiles the first Q tile sees reach every row at one step, after the others (more
-            # than one only where keys outnumber queries): they add last, in KV order.
+            # than one only where keys outnumber queries): they add last, by (group launched
+            # first, KV tile); with one group (g >= n) their place is n_block itself.
             tied = cutlass.max(block_info.get_n_block_min_max(seqlen, 0)[1], 0)
-            rank = Int32(cutlass.select_(n_block < tied, n_max - tied + n_block, n_max - 1 - n_block))
+            n, g = cute.ceil_div(seqlen.seqlen_k, self.tile_n), self.group_size
+            top = (n - 1 - n_block) // g
+            tie_place = cutlass.max(tied - n + top * g, 0) + n_block - cutlass.max(n - (top + 1) * g, 0)
+            rank = Int32(cutlass.select_(n_block < tied, n_max - tied + tie_place, n_max - 1 - n_block))
         elif const_expr(self.visit in ("ascending", "descending")):
             m_block = m_min + step if const_expr(self.visit == "ascending") else m_max - 1 - step
             n_min, n_max = block_info.get_n_block_min_max(seqlen, m_block)
@@ -433,18 +438,18 @@ class _VisitRows:
 
 
 @contextmanager
-def _launch_head_by_head(enabled: bool):
+def _launch_head_by_head(enabled: bool, top_group: int = 0):
     """While FA4's __call__ builds its grid, its tile schedulers (dense deterministic, and packed)
     launch the KV tiles of one head after another (no interleaving of heads for L2 reuse), so a
-    cyclic group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS).
+    cyclic group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS);
+    with `top_group` > 0, in groups of that many launched top group first (`_TopGroupFirst`).
     It swaps module globals of FA4's for the compile (FA4's __call__ names the classes directly),
     under a lock so that two of our compiles never interleave the swap; a compile of FA4's own
     backward in another thread at that moment would still see it."""
     if not enabled:
         yield
         return
-    swaps = {"SingleTileLPTBwdScheduler": _HeadByHeadScheduler,
-             "SingleTileVarlenScheduler": _HeadByHeadVarlenScheduler}
+    swaps = dict(zip(("SingleTileLPTBwdScheduler", "SingleTileVarlenScheduler"), _head_by_head_schedulers(top_group)))
     with _swap_lock:
         saved = {name: getattr(flash_bwd_sm90, name) for name in swaps}
         for name, cls in swaps.items():
@@ -459,8 +464,16 @@ def _launch_head_by_head(enabled: bool):
 _swap_lock = threading.Lock()
 
 
+def _top_group_first(slot, n, group: int):
+    """KV tile of launch `slot` of a head of `n` KV tiles, groups of `group` launched top group
+    first (visit_tables.top_group_first_launch is the same arithmetic, and the plan's order)."""
+    return cutlass.max(n - (slot // group + 1) * group, 0) + slot % group
+
+
 class _HeadByHeadScheduler(SingleTileLPTBwdScheduler):
     """FA4's deterministic backward scheduler with one head per L2 section."""
+
+    TOP_GROUP = 0   # > 0: launch a head's KV tiles in groups of this many, top group first
 
     @staticmethod
     def to_underlying_arguments(args, *, loc=None, ip=None, **kwargs):
@@ -471,15 +484,55 @@ class _HeadByHeadScheduler(SingleTileLPTBwdScheduler):
             l2_major_divmod=FastDivmodDivisorV2(params.num_block),
             num_hb_quotient=Int32(args.num_head * args.num_batch))
 
+    @classmethod
+    def create(cls, params, *, loc=None, ip=None):   # FA4's builds its own class, not a subclass
+        base = SingleTileLPTBwdScheduler.create(params, loc=loc, ip=ip)
+        return cls(params, base._tile_idx, loc=loc, ip=ip)
+
+    def get_current_work(self, *, loc=None, ip=None):
+        work = SingleTileLPTBwdScheduler.get_current_work(self, loc=loc, ip=ip)
+        if const_expr(self.TOP_GROUP == 0):
+            return work
+        slot, head, batch, split = work.tile_idx
+        kv = _top_group_first(slot, self.params.num_block, self.TOP_GROUP)
+        return WorkTileInfo((Int32(kv), head, batch, split), work.is_valid_tile)
+
 
 class _HeadByHeadVarlenScheduler(SingleTileVarlenScheduler):
     """FA4's packed-batch scheduler without its head swizzle: inside a sequence, one head's KV
-    tiles after another, from the first up."""
+    tiles after another, from the first up (or, with TOP_GROUP, in groups top group first,
+    counted from the sequence's own KV tiles)."""
+
+    TOP_GROUP = 0
 
     @staticmethod
     def to_underlying_arguments(args, **kwargs):
         return SingleTileVarlenScheduler.to_underlying_arguments(
             dataclasses.replace(args, head_swizzle=False, lpt=False), **kwargs)
+
+    @classmethod
+    def create(cls, params, ctx=None, *, loc=None, ip=None):
+        base = SingleTileVarlenScheduler.create(params, ctx, loc=loc, ip=ip)
+        return cls(params, base._tile_idx, base._split_idx, ctx, loc=loc, ip=ip)
+
+    def _decode_work_tile(self):
+        work = SingleTileVarlenScheduler._decode_work_tile(self)
+        if const_expr(self.TOP_GROUP == 0):
+            return work
+        slot, head, batch, split = work.tile_idx
+        d = self.params.decoder
+        b = cutlass.min(batch, d.num_batch - 1)   # an invalid tile's batch may be one past the last
+        n = cute.ceil_div(d.mCuSeqlensQ[b + 1] - d.mCuSeqlensQ[b], d.tile_shape_mn[0])   # KV tiles (roles swapped)
+        kv = _top_group_first(slot, n, self.TOP_GROUP)
+        return WorkTileInfo((Int32(kv), head, batch, split), work.is_valid_tile)
+
+
+@functools.lru_cache(maxsize=None)
+def _head_by_head_schedulers(top_group: int):
+    if top_group == 0:
+        return _HeadByHeadScheduler, _HeadByHeadVarlenScheduler
+    return tuple(type(cls.__name__, (cls,), {"TOP_GROUP": top_group})
+                 for cls in (_HeadByHeadScheduler, _HeadByHeadVarlenScheduler))
 
 
 def tiles(head_dim: int, causal: bool, local: bool = False):
@@ -599,7 +652,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout,
-           sem_cols, varlen)
+           sem_cols, varlen, tables.top_group_first)
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
@@ -619,7 +672,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             mask_block_cnt=count, mask_block_idx=q_tile, dq_write_order=rank,
             block_size=(tm, tn))) if index_lists else None
         cu = [None if t is None else to_cute_tensor(t, assumed_align=4) for t in (cu_seqlens_q, cu_seqlens_k)]
-        with _launch_head_by_head(head_by_head):
+        with _launch_head_by_head(head_by_head, tables.group_size if tables.top_group_first else 0):
             _compiled[key] = cute.compile(
                 kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
                 softmax_scale, *cu, None, None, window_size_left, window_size_right, *sems,

@@ -5,9 +5,10 @@ tile from a per-KV-tile list, and its dQ-writer warp adds each partial in the ra
 gives it. So the plan's per-worker tables become per-KV-tile tables here: how many Q tiles a
 KV tile visits, which ones in what order, and the rank of each dQ add.
 
-The CTAs are launched KV tile by KV tile, either from the first tile up or from the last one
-down. A schedule runs here only if that launch order agrees with its ranks: every wait must
-point at a KV tile launched earlier, or at one of the same co-resident group (cyclic shift).
+The CTAs are launched KV tile by KV tile, from the first tile up, from the last one down, or
+(`arrival` over more KV tiles than one group) in groups launched top group first, each from its
+first tile up. A schedule runs here only if that launch order agrees with its ranks: every wait
+must point at a KV tile launched earlier, or at one of the same co-resident group.
 Pure Python and torch: everything in this module is tested on the CPU. It reads the plan's
 schedule of one sequence (`dash_plugin.schedules.SequenceSchedule`) by its fields and imports
 nothing above the kernel layer.
@@ -31,6 +32,8 @@ class VisitTables:
     count[n]: Q tiles KV tile n visits; q_tile[n, :count[n]]: them in visit order;
     rank[n, i]: position of that contribution in the dQ tile's addition order. Padding is -1.
     kv_descending: launch the KV tiles from the last one down (else from the first up).
+    top_group_first: launch them in groups of group_size from the top group down, each from its
+    first tile up (`top_group_first_launch`; kv_descending is then False).
     visit: the closed form the kernel computes instead of reading the tables (one of
     CLOSED_FORMS, see `closed_form_visits`), or None: the kernel reads them.
     """
@@ -42,6 +45,7 @@ class VisitTables:
     group_size: int
     variant: str
     visit: str | None = None
+    top_group_first: bool = False
 
 
 # The longest run of consecutive CTAs that may wait on each other (a cyclic shift group). The
@@ -53,13 +57,32 @@ RESIDENT_SLOTS = 64
 CLOSED_FORMS = ("ascending", "descending", "shift", "arrival")
 
 
-def _launch_direction(kv_of_worker: list[int], n: int) -> bool:
+def top_group_first_launch(n: int, group_size: int) -> list[int]:
+    """KV tile of each launch slot when groups of `group_size` consecutive KV tiles, counted from
+    the last tile down, are launched top group first, each from its first tile up (the bottom
+    group takes what is left): `arrival`'s launch beyond one group. The kernel's
+    `bwd_sm90._TopGroupFirst` computes the same per CTA."""
+    return [max(n - (s // group_size + 1) * group_size, 0) + s % group_size for s in range(n)]
+
+
+def _launch_of(kv_of_worker: list[int], n: int, group_size: int) -> tuple[bool, bool]:
+    """(kv_descending, top_group_first) of the workers' launch order."""
     if kv_of_worker == list(range(n)):
-        return False
+        return False, False
     if kv_of_worker == list(range(n - 1, -1, -1)):
-        return True
-    raise Unsupported(f"workers launch KV tiles in the order {kv_of_worker[:8]}..., which is "
-                      "neither ascending nor descending")
+        return True, False
+    if kv_of_worker == top_group_first_launch(n, group_size):
+        return False, True
+    raise Unsupported(f"workers launch KV tiles in the order {kv_of_worker[:8]}..., which is neither "
+                      f"ascending, descending nor top group first in groups of {group_size}")
+
+
+def launch_slots(tables: VisitTables, n: int) -> list[int]:
+    """The KV tile of each launch slot of a head of `n` KV tiles under the launch rule of
+    `tables` (a packed batch launches every sequence by one rule, each from its own length)."""
+    if tables.top_group_first:
+        return top_group_first_launch(n, tables.group_size)
+    return list(range(n - 1, -1, -1)) if tables.kv_descending else list(range(n))
 
 
 def tables_of(seq) -> VisitTables:
@@ -68,7 +91,7 @@ def tables_of(seq) -> VisitTables:
     if any(len(w.segments) != 1 for w in seq.workers):
         raise Unsupported(f"schedule variant {seq.variant!r} pairs two KV tiles in one worker; the "
                           "Hopper kernel runs one KV tile per CTA")
-    kv_descending = _launch_direction([w.segments[0].kv for w in seq.workers], n)
+    kv_descending, top_group_first = _launch_of([w.segments[0].kv for w in seq.workers], n, seq.group_size)
     if seq.group_size > RESIDENT_SLOTS:
         raise Unsupported(f"cyclic groups of {seq.group_size} KV tiles; this grid keeps at most "
                           f"{RESIDENT_SLOTS} co-resident")
@@ -85,7 +108,7 @@ def tables_of(seq) -> VisitTables:
             if seg.ranks is not None:
                 rank[seg.kv, :k] = torch.tensor(seg.ranks, dtype=torch.int32)
     return VisitTables(count, q_tile, rank, kv_descending, seq.group_size, seq.variant,
-                       _closed_form_of(seq, kv_descending))
+                       _closed_form_of(seq, kv_descending, top_group_first), top_group_first)
 
 
 def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
@@ -96,11 +119,13 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
     - ascending: lo..hi; rank = kv minus the row's first visible KV tile (0 without a window),
       or under an spt launch (KV tiles from the last down) the last visible one minus kv;
     - descending: hi..lo; rank as ascending's;
-    - arrival (a whole head in one co-resident group): lo..hi, ranked in order of arrival, which
-      under a causal mask is the row's last visible KV tile first: rank = that tile minus kv
-      (the spt ranks, with the KV tiles launched from the first up); the Z KV tiles that Q tile
-      0 sees (more than one only where keys outnumber queries) reach every row at one step,
-      after the others, and add last in KV order: rank = (last + 1 - Z) + kv;
+    - arrival (a whole head in one co-resident group, or groups launched top group first):
+      lo..hi, ranked in order of arrival, which under a causal mask is the row's last visible
+      KV tile first: rank = that tile minus kv
+      (the spt ranks); the Z KV tiles that Q tile 0 sees (more than one only where keys
+      outnumber queries) reach every row at one step, after the others, and add last by
+      (group launched first, KV tile): rank = (last + 1 - Z) + their place in that order
+      (kv itself with one group);
     - shift (full masks, groups of G consecutive KV tiles from j0): member l = kv - j0 visits
       lo + (l + t) mod L at step t. The rank rule orders a dQ tile's adds by (group, step,
       member): the j0 adds of earlier groups come first, and inside the group member l arrives
@@ -118,7 +143,12 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
         return [(m, kv - geo.q_range[m][0]) for m in reversed(rows)]
     if visit == "arrival":
         tied = geo.q_range[0][1] + 1 if geo.q_range else 0   # (0, -1) when Q tile 0 sees nothing
-        return [(m, geo.q_range[m][1] + 1 - tied + kv if kv < tied else geo.q_range[m][1] - kv) for m in rows]
+        n, g = geo.num_kv_tiles, group_size
+        top = (n - 1 - kv) // g   # kv's group, counted from the top one (launched first)
+        # place among the tied tiles: those of the groups above, then the lower ones of its own
+        tie_place = max(tied - n + top * g, 0) + kv - max(n - (top + 1) * g, 0)
+        return [(m, geo.q_range[m][1] + 1 - tied + tie_place if kv < tied else geo.q_range[m][1] - kv)
+                for m in rows]
     if visit == "shift":
         length = hi - lo + 1
         lane = kv % group_size
@@ -132,21 +162,23 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
     raise ValueError(f"visit={visit!r}; closed forms: {CLOSED_FORMS}")
 
 
-def _closed_form_of(seq, kv_descending: bool) -> str | None:
+def _closed_form_of(seq, kv_descending: bool, top_group_first: bool) -> str | None:
     """The closed form that gives every visit and rank of `seq`, or None. Shift and arrival need
     the head-by-head launch, so only an ascending launch qualifies for them, and arrival only
-    with the whole head in one group (its ranks ignore groups)."""
+    with the whole head in one group or the groups launched top group first (its ranks ignore
+    groups: the tiles of a higher group reach every row first)."""
     for visit in CLOSED_FORMS:
-        if _may_run(seq, visit, kv_descending) and _follows(seq, visit, kv_descending, seq.group_size):
+        if (_may_run(seq, visit, kv_descending, top_group_first)
+                and _follows(seq, visit, kv_descending, seq.group_size)):
             return visit
     return None
 
 
-def _may_run(seq, visit: str, kv_descending: bool) -> bool:
+def _may_run(seq, visit: str, kv_descending: bool, top_group_first: bool) -> bool:
     """Whether the kernel can run `seq` in closed form `visit` at all (see _closed_form_of)."""
-    if visit != "ascending" and kv_descending:
+    if (kv_descending and visit != "ascending") or (top_group_first and visit != "arrival"):
         return False
-    return not (visit == "arrival" and seq.group_size < len(seq.workers))
+    return not (visit == "arrival" and not top_group_first and seq.group_size < len(seq.workers))
 
 
 def _follows(seq, visit: str, kv_descending: bool, group_size: int) -> bool:
@@ -176,7 +208,8 @@ def batch_tables(sequences) -> VisitTables:
         raise Unsupported(f"schedule variant {longest.variant!r} has no order the kernel computes, and a packed "
                           "batch cannot read per-sequence lists")
     def runs_in(seq, visit):
-        return (_may_run(seq, visit, tables.kv_descending)
+        return ([w.segments[0].kv for w in seq.workers] == launch_slots(tables, seq.geometry.num_kv_tiles)
+                and _may_run(seq, visit, tables.kv_descending, tables.top_group_first)
                 and _follows(seq, visit, tables.kv_descending, tables.group_size))
 
     # A sequence whose KV tiles visit one Q tile each (few queries, many keys) walks several closed
@@ -187,8 +220,8 @@ def batch_tables(sequences) -> VisitTables:
             return dataclasses.replace(tables, visit=visit)
     seq = next(s for s in distinct if not runs_in(s, tables.visit))   # the longest's own form failed
     geo = seq.geometry
-    raise Unsupported(f"a sequence of {geo.seqlen_q} queries and {geo.seqlen_k} keys runs {seq.variant!r}, "
-                      f"not the {tables.visit} order of the longest ({longest.variant!r})")
+    raise Unsupported(f"a sequence of {geo.seqlen_q} queries and {geo.seqlen_k} keys ({seq.variant!r}) does not "
+                      f"follow the {tables.visit} order of the longest ({longest.variant!r})")
 
 
 def check_waits_follow_launch(tables: VisitTables) -> None:
@@ -198,7 +231,7 @@ def check_waits_follow_launch(tables: VisitTables) -> None:
         return
     counts, q_tiles, ranks = (t.tolist() for t in (tables.count, tables.q_tile, tables.rank))
     n = len(counts)
-    position = {kv: (n - 1 - kv if tables.kv_descending else kv) for kv in range(n)}
+    position = {kv: slot for slot, kv in enumerate(launch_slots(tables, n))}
     by_tile: dict[int, list[tuple[int, int]]] = {}
     for kv in range(n):
         for i in range(counts[kv]):
