@@ -14,7 +14,9 @@ Variants other than `ordered` and `atomic` give unordered bits and exist only to
 time goes to waiting for one's turn (the schedule's business); if `no-landing` is, to the round
 trip of each add to global memory before the next contributor may start (the protocol's).
 
-    python scripts/gpu_dq_chain_probe.py OUT_DIR
+    python scripts/gpu_dq_chain_probe.py OUT_DIR [HDIM:causal|full:SEQLEN:SCHED ...]
+
+Points given after OUT_DIR replace the built-in POINTS.
 
 Writes OUT_DIR/dq_chain.json and prints one line per point (backward TFLOP/s).
 """
@@ -42,21 +44,22 @@ VARIANTS = {"ordered": (True, True, True), "no-read-ahead": (True, True, False),
             "neither": (False, False, True), "atomic": (True, True, True)}
 
 
-def main(out_dir):
+def main(out_dir, points=None):
+    points = points or POINTS
     os.makedirs(out_dir, exist_ok=True)
     inputs = {}
-    for hd, causal, s, _ in POINTS:
+    for hd, causal, s, _ in points:
         q, k, v, do = random_inputs(hd, s, 4)
         out, lse = fwd_sm90.attention_forward(q, k, v, softmax_scale=hd ** -0.5, causal=causal)
         inputs[(hd, causal, s)] = (q, k, v, do, out, lse)
-    results = {f"hdim{hd} {'causal' if c else 'full'} {s} {sched}": {} for hd, c, s, sched in POINTS}
+    results = {f"hdim{hd} {'causal' if c else 'full'} {s} {sched}": {} for hd, c, s, sched in points}
     # Variant outermost: the switches are class attributes read at compile time, so each variant
     # compiles its configurations once.
     kernel = bwd_sm90.OrderedBackwardSm90
     for variant, (rank_wait, landing_wait, read_ahead) in VARIANTS.items():
         kernel.WAIT_FOR_RANK, kernel.WAIT_FOR_LANDING, kernel.READ_TURN_AHEAD = rank_wait, landing_wait, read_ahead
         bwd_sm90._compiled.clear()
-        for hd, causal, s, sched in POINTS:
+        for hd, causal, s, sched in points:
             q, k, v, do, out, lse = inputs[(hd, causal, s)]
             schedule = "atomic" if variant == "atomic" else sched
             call = lambda: dispatch.attention_backward(  # noqa: E731
@@ -75,5 +78,13 @@ def main(out_dir):
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f, indent=1)
 
 
+def parse_point(text):
+    """HDIM:causal|full:SEQLEN:SCHED -> a POINTS entry."""
+    hd, mask, s, sched = text.split(":")
+    if mask not in ("causal", "full"):
+        raise SystemExit(f"point {text!r}: mask {mask!r}; allowed: causal, full")
+    return int(hd), mask == "causal", int(s), sched
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], [parse_point(p) for p in sys.argv[2:]] or None)

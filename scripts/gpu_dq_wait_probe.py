@@ -14,7 +14,9 @@ then the rank wait by launch position (the first heads launched against the rest
 wave starts all at once), by KV tile and by Q tile, and the backward TFLOP/s of the same
 schedule without recording, beside `atomic`.
 
-    python scripts/gpu_dq_wait_probe.py OUT_DIR
+    python scripts/gpu_dq_wait_probe.py OUT_DIR [HDIM:causal|full:SEQLEN:SCHED/SCHED ...]
+
+Points given after OUT_DIR replace the built-in POINTS.
 
 Writes OUT_DIR/dq_waits.json.
 """
@@ -61,11 +63,12 @@ def profile(counters, steps_per_kv):
                 rank_by_q_tile_total=[round(float(x) / c.shape[0] / c.shape[1]) for x in rows])
 
 
-def main(out_dir):
+def main(out_dir, points=None):
+    points = points or POINTS
     os.makedirs(out_dir, exist_ok=True)
     results = {}
     cls = bwd_sm90.OrderedBackwardSm90
-    for hd, causal, s, schedules in POINTS:
+    for hd, causal, s, schedules in points:
         q, k, v, do = random_inputs(hd, s, 4)
         out, lse = fwd_sm90.attention_forward(q, k, v, softmax_scale=hd ** -0.5, causal=causal)
         flops = bwd_flops(q.shape[0], q.shape[2], s, hd, causal)
@@ -104,5 +107,13 @@ def main(out_dir):
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f, indent=1)
 
 
+def parse_point(text):
+    """HDIM:causal|full:SEQLEN:SCHED/SCHED -> a POINTS entry."""
+    hd, mask, s, sched = text.split(":")
+    if mask not in ("causal", "full"):
+        raise SystemExit(f"point {text!r}: mask {mask!r}; allowed: causal, full")
+    return int(hd), mask == "causal", int(s), tuple(sched.split("/"))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], [parse_point(p) for p in sys.argv[2:]] or None)
