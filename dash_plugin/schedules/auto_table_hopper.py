@@ -23,7 +23,8 @@ RULES = [
                'spt 248.7/276.9, descending 250.3/274.7'},
     # Packed batches, windows and unequal lengths, measured with scripts/gpu_varlen_bench.py,
     # docs/benchmarks/varlen-2026-11-24-h100/ (H100, median of 3 interleaved rounds). Packed batches
-    # run every order but shift here; arrival while each sequence is one group (64 KV tiles).
+    # run every order but shift here; arrival while each sequence is one group (64 KV tiles): beyond,
+    # its groups tie or lose (the dense rows below).
     {'mask': 'window', 'schedule': 'spt',
      'source': 'measured H100 hdim128 8k causal window 2047: spt 467.8, descending 461.0, ascending 255.1; '
                'band 512/512: spt 389.3, descending 382.9, ascending 159.3'},
@@ -49,15 +50,21 @@ RULES = [
     {'mask': 'causal', 'head_dim_max': 64, 'schedule': 'spt',
      'source': 'measured H100 hdim64 causal s=2k/4k/8k/16k: spt 363.9/422.0/462.2/497.6, '
                'descending 334.4/409.9/440.4/450.0, ascending 348.9/391.9/408.9/453.5'},
-    {'mask': 'causal', 'schedule': 'arrival',
+    {'mask': 'causal', 'head_dim_max': 128, 'seqlen_max': 8192, 'schedule': 'arrival',
      'source': 'measured H100 hdim128 causal s=1k/2k/4k/8k with the dQ writer reading its next counter '
                'ahead, median of 3 interleaved rounds: arrival 301.5/401.0/470.2/516.8, descending '
                '278.9/387.5/460.9/494.3, spt 251.8/373.8/463.5/514.7, ascending 279.9/362.6/418.3/456.6 '
-               '(GQA 4:1: arrival 241.0/358.1/457.8/510.9, next best 234.2/345.3/436.0/500.2); at 16k a '
-               'head has more KV tiles than one group and arrival runs its fallback, descending '
-               '(docs/benchmarks/dq-readahead-2026-11-23-h100/); hdim96: inferred from hdim128; hdim192 '
-               's=2k/8k: arrival 342.4/437.0 (8k: descending, its fallback), ascending 301.6/384.5, '
-               'spt 243.8/375.5'},
+               '(GQA 4:1: arrival 241.0/358.1/457.8/510.9, next best 234.2/345.3/436.0/500.2) '
+               '(docs/benchmarks/dq-readahead-2026-11-23-h100/); hdim96: inferred from hdim128'},
+    {'mask': 'causal', 'head_dim_min': 192, 'head_dim_max': 192, 'seqlen_max': 6144, 'schedule': 'arrival',
+     'source': 'measured H100 hdim192 s=2k: arrival 342.4, ascending 301.6, spt 243.8 '
+               '(docs/benchmarks/wide-heads-2026-11-24-h100/); up to 64 KV tiles of 96 keys, one group'},
+    {'mask': 'causal', 'schedule': 'descending',
+     'source': 'measured H100 causal heads of more than 64 KV tiles, where arrival runs as groups launched '
+               'top group first, median of 3 interleaved rounds (docs/benchmarks/arrival-groups-2026-11-24-h100/): '
+               'hdim128 16k: descending 547.1, arrival 538.4 (groups of 32: 550.6, 16: 545.3), spt 543.8; '
+               'hdim192 8k: descending 431.7, arrival 424.7, spt 370.4 (a tie or a loss for arrival: its rank '
+               'wait is back to ~1,000 cycles a step once heads follow each other)'},
     {'mask': 'full', 'head_dim_max': 64, 'seqlen_max': 1024, 'schedule': 'shift',
      'source': 'measured H100 hdim64 full s=1k after the closed-form shift (whole-head groups): '
                'shift 371.8/369.7, ascending 347.9/345.8 (gpu_hopper_bwd.py / dash-bench, '

@@ -115,8 +115,9 @@ for _spec in (
     ScheduleSpec("shift", "DASH: cyclic shift of the Q-tile order inside groups of KV tiles, so no two "
                  "writers want one dQ tile at once (symmetric KV-tile pairs for causal)",
                  True, ORDERED, builders.build_shift, WITH_HOPPER),
-    ScheduleSpec("arrival", "causal: Q tiles ascending, longest KV tile launched first, dQ adds in "
-                 "arrival order inside a head (no two writers reach a dQ tile at one step)",
+    ScheduleSpec("arrival", "causal: Q tiles ascending, longest KV tile launched first (beyond 64 KV tiles: "
+                 "groups of 64, the top group first), dQ adds in arrival order inside a head (no two "
+                 "writers reach a dQ tile at one step)",
                  True, ORDERED, builders.build_arrival, WITH_HOPPER),
     ScheduleSpec("split", "no cross-program reduction: dQ recomputed by Q-stationary programs "
                  "(7 matrix products instead of 5)", True, SPLIT, builders.build_split),
