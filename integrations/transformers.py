@@ -32,6 +32,7 @@ import importlib.abc
 import sys
 import threading
 import weakref
+from typing import NamedTuple
 
 import torch
 
@@ -361,7 +362,6 @@ def _padded_forward(q, k, v, mask, call):
     for left padding (generation) and for right padding without a cache (training).
     """
     batch, q_len = q.shape[:2]
-    mask = mask.bool()
     if mask.shape[0] != batch:
         raise ValueError(f"dash attention: attention_mask has batch size {mask.shape[0]}, the queries {batch}")
     kv_len = mask.shape[1]
@@ -370,17 +370,35 @@ def _padded_forward(q, k, v, mask, call):
                          f"({k.shape[1]}) and at least the queries ({q_len})")
     if k.shape[1] > kv_len:
         k, v = k[:, :kv_len], v[:, :kv_len]
-    mask_q = mask[:, -q_len:]
-
-    idx_k = torch.nonzero(mask.reshape(-1)).flatten()
-    idx_q = idx_k if q_len == kv_len else torch.nonzero(mask_q.reshape(-1)).flatten()
-    len_k = mask.sum(-1, dtype=torch.int32)
-    len_q = len_k if q_len == kv_len else mask_q.sum(-1, dtype=torch.int32)
+    unpad = _once_per_tensor("padding", mask, (q_len,), lambda: _unpadding(mask, q_len))
     out = _flash_attention(
-        _gather_tokens(q, idx_q), _gather_tokens(k, idx_k), _gather_tokens(v, idx_k),
-        cu_seqlens_q=_cu_seqlens(len_q), cu_seqlens_k=_cu_seqlens(len_k),
-        max_seqlen_q=int(len_q.max()), max_seqlen_k=int(len_k.max()), **call)
-    return _scatter_tokens(out, idx_q, batch, q_len)
+        _gather_tokens(q, unpad.idx_q), _gather_tokens(k, unpad.idx_k), _gather_tokens(v, unpad.idx_k),
+        cu_seqlens_q=unpad.cu_seqlens_q, cu_seqlens_k=unpad.cu_seqlens_k,
+        max_seqlen_q=unpad.max_seqlen_q, max_seqlen_k=unpad.max_seqlen_k, **call)
+    return _scatter_tokens(out, unpad.idx_q, batch, q_len)
+
+
+class _Unpadding(NamedTuple):
+    idx_q: torch.Tensor          # flat positions of the query tokens
+    idx_k: torch.Tensor          # flat positions of the key tokens
+    cu_seqlens_q: torch.Tensor   # int32 offsets of the packed layout
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def _unpadding(mask, q_len) -> _Unpadding:
+    """Where the tokens of a (B, S_kv) padding mask go in the varlen layout; the queries are the
+    last ``q_len`` key positions. Reads the lengths to the host (waits for the GPU)."""
+    mask = mask.bool()
+    mask_q = mask[:, -q_len:]
+    same = q_len == mask.shape[1]
+    idx_k = torch.nonzero(mask.reshape(-1)).flatten()
+    idx_q = idx_k if same else torch.nonzero(mask_q.reshape(-1)).flatten()
+    len_k = mask.sum(-1, dtype=torch.int32)
+    len_q = len_k if same else mask_q.sum(-1, dtype=torch.int32)
+    cu_k = _cu_seqlens(len_k)
+    return _Unpadding(idx_q, idx_k, cu_k if same else _cu_seqlens(len_q), cu_k, int(len_q.max()), int(len_k.max()))
 
 
 def _varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, call):
@@ -414,21 +432,35 @@ def _trim_unused_cache(k, v, position_ids, q_len):
     return k, v
 
 
-_PACKED_CACHE = threading.local()
+_LAST_ANSWERS = threading.local()
+
+
+def _once_per_tensor(kind: str, tensor: torch.Tensor, key: tuple, compute):
+    """``compute()``, or its answer for the same (kind, tensor object, version, key) as the last call.
+
+    Every layer of a forward gets the same padding mask or ``position_ids`` tensor, and what is derived
+    from it needs host syncs (nonzero, lengths): the layers after the first reuse it, and reusing the
+    ``cu_seqlens`` tensors also lets the kernels read their lengths once. An in-place change bumps the
+    version and recomputes. Inference tensors keep no version counter, so they are computed every time.
+    """
+    if torch.is_inference(tensor):
+        return compute()
+    key = (tensor._version, *key)
+    answers = _LAST_ANSWERS.__dict__.setdefault("by_kind", {})
+    last = answers.get(kind)
+    if last is not None and last[0]() is tensor and last[1] == key:
+        return last[2]
+    found = compute()
+    answers[kind] = (weakref.ref(tensor), key, found)
+    return found
 
 
 def _packed_from_position_ids(position_ids, batch, q_len):
-    """`_find_packed_sequences`, once per ``position_ids`` tensor: every layer of a forward gets the
-    same tensor, and the answer needs a host sync, so the layers after the first reuse it."""
+    """`_find_packed_sequences`, once per ``position_ids`` tensor (see `_once_per_tensor`)."""
     if position_ids is None or not isinstance(position_ids, torch.Tensor):
         return None
-    key = (position_ids._version, batch, q_len)
-    last = getattr(_PACKED_CACHE, "entry", None)
-    if last is not None and last[0]() is position_ids and last[1] == key:
-        return last[2]
-    found = _find_packed_sequences(position_ids, batch, q_len)
-    _PACKED_CACHE.entry = (weakref.ref(position_ids), key, found)
-    return found
+    return _once_per_tensor("position_ids", position_ids, (batch, q_len),
+                            lambda: _find_packed_sequences(position_ids, batch, q_len))
 
 
 def _find_packed_sequences(position_ids, batch, q_len):

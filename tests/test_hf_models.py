@@ -431,6 +431,53 @@ def test_packed_detection_from_position_ids():
     assert cu.tolist() == [0, 4, 6, 8] and mx == 4
 
 
+def test_padding_mask_is_unpadded_once_per_forward(saved, calls, monkeypatch):
+    """Every layer gets the same padding mask: the unpadding (host syncs) runs once per forward, and
+    all layers share its offsets tensors (so the kernels read the lengths once); an in-place change
+    of the mask, or another query length, computes it again."""
+    computed = []
+    unpadding = dash_hf._unpadding
+    monkeypatch.setattr(dash_hf, "_unpadding", lambda mask, q_len: computed.append(q_len) or unpadding(mask, q_len))
+    model = load(saved["llama"], "dash")
+    ids, mask = pad_batch(tokens([9, 4, 6], seed=4), "right")
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    assert model.config.num_hidden_layers == 2 and len(calls) == 2
+    assert computed == [9]
+    assert calls[0]["cu_seqlens_q"] is calls[1]["cu_seqlens_q"]
+    assert calls[0]["cu_seqlens_q"].tolist() == [0, 9, 13, 19]
+
+    q = torch.randn(3, 9, 4, 32)
+    bool_mask = mask.bool()
+    dash_hf._padded_forward(q, q, q, bool_mask, dict(causal=True))
+    dash_hf._padded_forward(q, q, q, bool_mask, dict(causal=True))
+    assert computed == [9, 9]
+    bool_mask[1, 3] = False   # in place: the version counter moves
+    out = dash_hf._padded_forward(q, q, q, bool_mask, dict(causal=True))
+    assert computed == [9, 9, 9] and calls[-1]["cu_seqlens_q"].tolist() == [0, 9, 12, 18]
+    assert (out[1, 3] == 0).all()
+    dash_hf._padded_forward(q[:, -1:], q, q, bool_mask, dict(causal=True))   # a decode step
+    assert computed == [9, 9, 9, 1]
+
+
+def test_inference_mode_runs_every_path(saved):
+    """Inference tensors keep no version counter: the per-tensor reuse must not ask them for one
+    (a plain or packed forward under torch.inference_mode() used to raise)."""
+    model = load(saved["llama"], "dash")
+    ids, mask = pad_batch(tokens([9, 4, 6], seed=4), "left")
+    seqs = tokens([5, 11, 8], seed=3)
+    runs = {"plain": dict(input_ids=torch.stack(tokens([7, 7], seed=5))),
+            "padded": dict(input_ids=ids, attention_mask=mask),
+            "packed": dict(input_ids=torch.cat(seqs)[None],
+                           position_ids=torch.cat([torch.arange(len(s)) for s in seqs])[None])}
+    for name, inputs in runs.items():
+        with torch.no_grad():
+            want = model(**inputs).logits
+        with torch.inference_mode():
+            got = model(**inputs).logits
+        assert torch.equal(got, want), name
+
+
 def test_window_mapping():
     w = dash_hf._window
     assert w(None, True, 100) == (-1, -1)
