@@ -14,7 +14,7 @@ Variants other than `ordered` and `atomic` give unordered bits and exist only to
 time goes to waiting for one's turn (the schedule's business); if `no-landing` is, to the round
 trip of each add to global memory before the next contributor may start (the protocol's).
 
-    python scripts/gpu_dq_chain_probe.py OUT_DIR [HDIM:causal|full:SEQLEN:SCHED ...]
+    python scripts/gpu_dq_chain_probe.py OUT_DIR [HDIM:causal|full:SEQLEN:SCHED[/SCHED] ...]
 
 Points given after OUT_DIR replace the built-in POINTS.
 
@@ -33,6 +33,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from dash_plugin import dispatch  # noqa: E402
 from dash_plugin.bench.protocol import bwd_flops, random_inputs  # noqa: E402
 from dash_plugin.kernels.hopper import bwd_sm90, fwd_sm90  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu_dq_wait_probe import parse_point  # noqa: E402
 
 # (head dim, causal, seqlen, schedule): the Hopper table's choice at each point
 POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (128, False, 1024, "shift"),
@@ -78,13 +81,7 @@ def main(out_dir, points=None):
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f, indent=1)
 
 
-def parse_point(text):
-    """HDIM:causal|full:SEQLEN:SCHED -> a POINTS entry."""
-    hd, mask, s, sched = text.split(":")
-    if mask not in ("causal", "full"):
-        raise SystemExit(f"point {text!r}: mask {mask!r}; allowed: causal, full")
-    return int(hd), mask == "causal", int(s), sched
-
-
 if __name__ == "__main__":
-    main(sys.argv[1], [parse_point(p) for p in sys.argv[2:]] or None)
+    # the wait probe's point syntax; each of a point's schedules is a point here
+    points = [(hd, c, s, x) for hd, c, s, scheds in map(parse_point, sys.argv[2:]) for x in scheds]
+    main(sys.argv[1], points or None)
