@@ -18,22 +18,13 @@ Imported only when the Hopper backend runs: it needs CUDA, `flash-attn-4` and th
 """
 from __future__ import annotations
 
-import functools
-import inspect
-import threading
-from contextlib import contextmanager
-
 import torch
 
-import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
-from flash_attn.cute import flash_fwd_sm90
 from flash_attn.cute import interface as fa4
 from flash_attn.cute import utils as fa4_utils
 from flash_attn.cute.cute_dsl_utils import maybe_contiguous, to_cute_aux_tensor, to_cute_tensor, torch2cute_dtype_map
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
-from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler
 
 from ..varlen import seqlens_of
 from . import dropout_sm90
@@ -42,111 +33,12 @@ from .masks import fa4_mask, may_have_empty_rows
 
 _compiled: dict = {}
 
-# Causal and windowed forwards on a persistent grid: at most one CTA per SM walks FA4's LPT tile
-# order with a grid stride, so the next tile's K/V loads overlap this tile's epilogue and a CTA's
-# set-up is paid once per SM, not once per tile. A switch for scripts/gpu_fwd_persistent.py, which
-# times it against the one-tile-per-CTA grid.
-PERSISTENT = False
-
-
-class _PersistentLPT(SingleTileLPTScheduler):
-    """FA4's LPT scheduler (its tile order unchanged) walked by a grid of at most CTAS programs."""
-
-    CTAS = 0
-
-    @classmethod
-    def get_grid_shape(cls, params, *, loc=None, ip=None):
-        tiles, splits, one = SingleTileLPTScheduler.get_grid_shape(params, loc=loc, ip=ip)
-        return cutlass.min(tiles, Int32(cls.CTAS)), splits, one
-
-    @classmethod
-    def create(cls, params, *, loc=None, ip=None):   # FA4's builds its own class, not a subclass
-        base = SingleTileLPTScheduler.create(params, loc=loc, ip=ip)
-        return cls(params, base._tile_idx, base._split_idx, loc=loc, ip=ip)
-
-    def advance_to_next_work(self, *, loc=None, ip=None):
-        self._tile_idx = self._tile_idx + cute.arch.grid_dim()[0]
-        return self.get_current_work()
-
-
-@functools.lru_cache(maxsize=None)
-def _persistent_lpt(ctas: int):
-    return type("_PersistentLPT", (_PersistentLPT,), {"CTAS": ctas})
-
-
-class _QReleasedAfterEpilogue:
-    """A kernel whose consumers free the Q buffer only once the tile's epilogue is done with it.
-    FA4's forward frees it before the last KV step, as its one-tile-per-CTA grid allows; its
-    epilogue stages O in the same shared memory (sO aliases sQ), so on a persistent grid the next
-    tile's Q would be loaded over an O not yet stored."""
-
-    def mma(self, *args, **kwargs):
-        arguments = _mma_signature(FlashAttentionForwardSm90.mma).bind(self, *args, **kwargs).arguments
-        self._pipeline_q = arguments["pipeline_q"]
-        arguments["pipeline_q"] = _HeldRelease(self._pipeline_q)
-        del arguments["self"]
-        return super().mma(**arguments)
-
-    def epilogue(self, *args, **kwargs):
-        result = super().epilogue(*args, **kwargs)
-        self._pipeline_q.consumer_release_w_index(0)
-        return result
-
-
-class _HeldRelease:
-    """pipeline_q for FA4's mainloop: every call passes through but the consumers' release."""
-
-    def __init__(self, pipeline):
-        self._pipeline = pipeline
-
-    def __getattr__(self, name):
-        return getattr(self._pipeline, name)
-
-    def consumer_release_w_index(self, *_args, **_kwargs):
-        pass
-
-    # carried through the DSL's run-time loops as the pipeline it wraps
-    def __extract_mlir_values__(self):
-        return cutlass.extract_mlir_values(self._pipeline)
-
-    def __new_from_mlir_values__(self, values):
-        return _HeldRelease(cutlass.new_from_mlir_values(self._pipeline, values))
-
-
-@functools.lru_cache(maxsize=None)
-def _mma_signature(method):
-    return inspect.signature(method)
-
-
-@functools.lru_cache(maxsize=None)
-def _persistent_kernel_cls(base):
-    return type("Persistent" + base.__name__, (_QReleasedAfterEpilogue, base), {})
-
-
-@contextmanager
-def _persistent_grid(ctas: int):
-    """While FA4's __call__ builds its grid, its causal scheduler is _PersistentLPT (a module
-    global of FA4's, swapped under a lock as bwd_sm90 swaps its backward schedulers)."""
-    with _swap_lock:
-        saved = flash_fwd_sm90.SingleTileLPTScheduler
-        flash_fwd_sm90.SingleTileLPTScheduler = _persistent_lpt(ctas)
-        try:
-            yield
-        finally:
-            flash_fwd_sm90.SingleTileLPTScheduler = saved
-
-
-_swap_lock = threading.Lock()
-
 
 def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, window_size_left,
-             window_size_right, aux, ctas=0):
-    """`ctas` > 0: causal/windowed tiles on a persistent grid of that many CTAs (PERSISTENT)."""
+             window_size_right, aux):
     dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, *_layout = key
     cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
     kernel_cls = dropout_sm90.DropoutForwardSm90 if dropout else FlashAttentionForwardSm90
-    if ctas:
-        kernel_cls = _persistent_kernel_cls(kernel_cls)
     kernel = kernel_cls(
         torch2cute_dtype_map[dtype], head_dim, head_dim, group, is_causal=causal, is_local=local,
         pack_gqa=group > 1 and not dropout, tile_m=cfg.m_block_size, tile_n=cfg.n_block_size,
@@ -156,24 +48,11 @@ def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, 
         has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False)
     cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0)
           for t in (cu_seqlens_q, cu_seqlens_k)]
-    with _persistent_grid(ctas) if ctas else _nothing():
-        return cute.compile(
-            kernel, *(to_cute_tensor(t) for t in (q, k, v, out)), to_cute_tensor(lse, assumed_align=4),
-            softmax_scale, *cu, None, None, None, window_size_left, window_size_right, None, None,
-            fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if aux else None, None), None, None,
-            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
-
-
-@contextmanager
-def _nothing():
-    yield
-
-
-def _persistent_ctas(device, causal: bool, local: bool, varlen: bool) -> int:
-    """CTAs of the persistent grid for this call, or 0 (one CTA per tile: FA4's grid)."""
-    if not (PERSISTENT and (causal or local) and not varlen):
-        return 0
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    return cute.compile(
+        kernel, *(to_cute_tensor(t) for t in (q, k, v, out)), to_cute_tensor(lse, assumed_align=4),
+        softmax_scale, *cu, None, None, None, window_size_left, window_size_right, None, None,
+        fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if aux else None, None), None, None,
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
 def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_left: int = -1,
@@ -207,12 +86,10 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
                       window_size_right=window_size_right, softcap=softcap, dropout=dropout, varlen=varlen)
-    ctas = _persistent_ctas(q.device, causal, local, varlen)
-    key = (*key, ctas)
     kernel = _compiled.get(key)
     if kernel is None:
         kernel = _compiled[key] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                                           window_size_left, window_size_right, aux, ctas)
+                                           window_size_left, window_size_right, aux)
     kernel(q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, None, None, None, window_size_left,
            window_size_right, None, None, fa4_utils.AuxData(aux, None), None, None)
     if may_have_empty_rows(causal or local, *lengths):
