@@ -49,7 +49,7 @@ from ..philox import keep_scale
 from . import dropout_sm90
 from .masks import fa4_mask
 from .tile_table import bwd_tiles
-from .visit_tables import RESIDENT_SLOTS, VisitTables
+from .visit_tables import VisitTables
 
 
 class OrderedBackwardSm90(FlashAttentionBackwardSm90):
@@ -71,10 +71,6 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # For scripts/gpu_dq_wait_probe.py: the dQ writer also sums the SM clock cycles it spends in
     # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
     RECORD_WAITS = False
-    # For scripts/gpu_alternate_probe.py: a compile of `descending` whose even heads run `arrival`
-    # instead (visits, ranks, and the launch of groups of 64 KV tiles, top group first), all heads
-    # launched one after another. Off in the product.
-    ALTERNATE_HEADS = False
 
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
                  dropout: bool = False, **kwargs):
@@ -124,39 +120,24 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             acc_dK.store(acc_dK.load() * self._drop.scale)
         return super().epilogue_dKV(acc_dV, mdV, sV, acc_dK, *args, **kwargs)
 
-    def _visit(self, seqlen, block_info, n_block, step, head=None):
+    def _visit(self, seqlen, block_info, n_block, step):
         """(Q tile, rank) of this KV tile's `step`-th visit under the closed form; the same
         arithmetic as visit_tables.closed_form_visits (a CPU test checks that one against the
         plan, a GPU test this one against the tables)."""
-        if const_expr(self.ALTERNATE_HEADS and self.visit == "descending"):
-            return self._alternate_visit(seqlen, block_info, n_block, step, head)
-        return self._closed_form_visit(self.visit, seqlen, block_info, n_block, step)
-
-    def _alternate_visit(self, seqlen, block_info, n_block, step, head):
-        """ALTERNATE_HEADS: arrival's (Q tile, rank) on even heads, descending's on odd ones."""
-        even = (head & 1) == 0
-        m_a, rank_a = self._closed_form_visit("arrival", seqlen, block_info, n_block, step)
-        m_d, rank_d = self._closed_form_visit("descending", seqlen, block_info, n_block, step)
-        return Int32(cutlass.select_(even, m_a, m_d)), Int32(cutlass.select_(even, rank_a, rank_d))
-
-    def _arrival_group(self):
-        return RESIDENT_SLOTS if const_expr(self.ALTERNATE_HEADS) else self.group_size
-
-    def _closed_form_visit(self, visit, seqlen, block_info, n_block, step):
         m_min, m_max = block_info.get_m_block_min_max(seqlen, n_block)
-        if const_expr(visit == "arrival"):   # FA4's ascending loop, ranks in arrival order
+        if const_expr(self.visit == "arrival"):   # FA4's ascending loop, ranks in arrival order
             m_block = m_min + step
             n_max = block_info.get_n_block_min_max(seqlen, m_block)[1]
             # The KV tiles the first Q tile sees reach every row at one step, after the others (more
             # than one only where keys outnumber queries): they add last, by (group launched
             # first, KV tile); with one group (g >= n) their place is n_block itself.
             tied = cutlass.max(block_info.get_n_block_min_max(seqlen, 0)[1], 0)
-            n, g = cute.ceil_div(seqlen.seqlen_k, self.tile_n), self._arrival_group()
+            n, g = cute.ceil_div(seqlen.seqlen_k, self.tile_n), self.group_size
             top = (n - 1 - n_block) // g
             tie_place = cutlass.max(tied - n + top * g, 0) + n_block - cutlass.max(n - (top + 1) * g, 0)
             rank = Int32(cutlass.select_(n_block < tied, n_max - tied + tie_place, n_max - 1 - n_block))
-        elif const_expr(visit in ("ascending", "descending")):
-            m_block = m_min + step if const_expr(visit == "ascending") else m_max - 1 - step
+        elif const_expr(self.visit in ("ascending", "descending")):
+            m_block = m_min + step if const_expr(self.visit == "ascending") else m_max - 1 - step
             n_min, n_max = block_info.get_n_block_min_max(seqlen, m_block)
             # KV tiles add in index order from the row's first visible one (n_min is a constant 0
             # without a window); under spt's launch the last visible one adds first
@@ -203,8 +184,8 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                 m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
                 count = m_block_max - m_block_min
                 for step in cutlass.range(count, unroll=1):
-                    m_block, rank = self._visit(seqlen, block_info, n_block, step, head)
-                    next_m_block, next_rank = self._visit(seqlen, block_info, n_block, step + 1, head)
+                    m_block, rank = self._visit(seqlen, block_info, n_block, step)
+                    next_m_block, next_rank = self._visit(seqlen, block_info, n_block, step + 1)
                     seen = self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane, n_block,
                                              seen, step + 1 < count, next_m_block, next_rank)
             scheduler.advance_to_next_work()
@@ -451,13 +432,13 @@ class _VisitRows:
     def __getitem__(self, index):
         if self.at is None:   # [batch, head, n_block, None]: this KV tile's list
             return _VisitRows(self.visits, index)
-        batch, head, n_block, _ = self.at
+        batch, _head, n_block, _ = self.at
         v = self.visits
-        return v.kernel._visit(v.seqlen_cls(batch), v.block_info, n_block, index, head)[0]
+        return v.kernel._visit(v.seqlen_cls(batch), v.block_info, n_block, index)[0]
 
 
 @contextmanager
-def _launch_head_by_head(enabled: bool, top_group: int = 0, even_heads_only: bool = False):
+def _launch_head_by_head(enabled: bool, top_group: int = 0):
     """While FA4's __call__ builds its grid, its tile schedulers (dense deterministic, and packed)
     launch the KV tiles of one head after another (no interleaving of heads for L2 reuse), so a
     cyclic group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS);
@@ -468,8 +449,7 @@ def _launch_head_by_head(enabled: bool, top_group: int = 0, even_heads_only: boo
     if not enabled:
         yield
         return
-    swaps = dict(zip(("SingleTileLPTBwdScheduler", "SingleTileVarlenScheduler"),
-                     _head_by_head_schedulers(top_group, even_heads_only)))
+    swaps = dict(zip(("SingleTileLPTBwdScheduler", "SingleTileVarlenScheduler"), _head_by_head_schedulers(top_group)))
     with _swap_lock:
         saved = {name: getattr(flash_bwd_sm90, name) for name in swaps}
         for name, cls in swaps.items():
@@ -494,7 +474,6 @@ class _HeadByHeadScheduler(SingleTileLPTBwdScheduler):
     """FA4's deterministic backward scheduler with one head per L2 section."""
 
     TOP_GROUP = 0   # > 0: launch a head's KV tiles in groups of this many, top group first
-    EVEN_HEADS_ONLY = False   # ALTERNATE_HEADS: only even heads so; odd ones from the first tile up
 
     @staticmethod
     def to_underlying_arguments(args, *, loc=None, ip=None, **kwargs):
@@ -516,8 +495,6 @@ class _HeadByHeadScheduler(SingleTileLPTBwdScheduler):
             return work
         slot, head, batch, split = work.tile_idx
         kv = _top_group_first(slot, self.params.num_block, self.TOP_GROUP)
-        if const_expr(self.EVEN_HEADS_ONLY):
-            kv = cutlass.select_((head & 1) == 0, kv, slot)
         return WorkTileInfo((Int32(kv), head, batch, split), work.is_valid_tile)
 
 
@@ -551,10 +528,10 @@ class _HeadByHeadVarlenScheduler(SingleTileVarlenScheduler):
 
 
 @functools.lru_cache(maxsize=None)
-def _head_by_head_schedulers(top_group: int, even_heads_only: bool = False):
+def _head_by_head_schedulers(top_group: int):
     if top_group == 0:
         return _HeadByHeadScheduler, _HeadByHeadVarlenScheduler
-    return tuple(type(cls.__name__, (cls,), {"TOP_GROUP": top_group, "EVEN_HEADS_ONLY": even_heads_only})
+    return tuple(type(cls.__name__, (cls,), {"TOP_GROUP": top_group})
                  for cls in (_HeadByHeadScheduler, _HeadByHeadVarlenScheduler))
 
 
@@ -672,12 +649,10 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     dropout = dropout_p > 0
     aux = [dropout_sm90.params_tensor(seed, dropout_p, dev)] if dropout else None
     head_by_head = tables.group_size > 1   # cyclic groups must be co-resident
-    alternate = OrderedBackwardSm90.ALTERNATE_HEADS and tables.visit == "descending" and not varlen
-    top_group = tables.group_size if tables.top_group_first else 0
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout,
-           sem_cols, varlen, tables.top_group_first, alternate)
+           sem_cols, varlen, tables.top_group_first)
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
@@ -697,7 +672,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             mask_block_cnt=count, mask_block_idx=q_tile, dq_write_order=rank,
             block_size=(tm, tn))) if index_lists else None
         cu = [None if t is None else to_cute_tensor(t, assumed_align=4) for t in (cu_seqlens_q, cu_seqlens_k)]
-        with _launch_head_by_head(head_by_head or alternate, RESIDENT_SLOTS if alternate else top_group, alternate):
+        with _launch_head_by_head(head_by_head, tables.group_size if tables.top_group_first else 0):
             _compiled[key] = cute.compile(
                 kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
                 softmax_scale, *cu, None, None, window_size_left, window_size_right, *sems,
