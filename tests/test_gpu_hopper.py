@@ -175,6 +175,19 @@ def test_the_order_fa4_also_runs_gives_fa4s_bits(causal, gqa):
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
+def computed_and_read(tables, do, q, k, v, out, lse, **kw):
+    """The Hopper backward's gradients with the order computed (the closed form `tables.visit`)
+    and with it read from the plan's tables (visit=None), for a bit-for-bit comparison."""
+    import dataclasses
+    from dash_plugin.kernels.hopper import bwd_sm90
+    run = lambda t: bwd_sm90.attention_backward(  # noqa: E731
+        do, q, k, v, out, lse, softmax_scale=q.shape[-1] ** -0.5, tables=t, deterministic=True, **kw)
+    with hang_guard(120):
+        computed, read = run(tables), run(dataclasses.replace(tables, visit=None))
+        torch.cuda.synchronize()
+    return computed, read
+
+
 @pytest.mark.parametrize("schedule, causal, seqlen, head_dim, window", [
     ("descending", True, 2048, 128, (-1, -1)), ("descending", False, 2048, 64, (-1, -1)),
     ("shift", False, 2048, 64, (-1, -1)), ("shift", False, 8192, 128, (-1, -1)),
@@ -192,19 +205,13 @@ def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, seqlen, h
     arrival cases a whole-head group of 16 and of 64 KV tiles and heads of two groups launched top
     group first (128 KV tiles; 96, the bottom group half full); the windowed ones check the ranks
     counted from each row's first visible KV tile."""
-    import dataclasses
-    from dash_plugin.kernels.hopper import bwd_sm90
     from tests.test_hopper_tables import plan_tables
     tables = plan_tables(schedule, seqlen=seqlen, head_dim=head_dim, causal=causal, window=window)
     assert tables.visit == ("ascending" if schedule == "spt" else schedule)
     mask = dict(window_left=window[0], window_right=window[1])
     p = problem(1, seqlen, 4, 4, head_dim, causal, seed=3, **mask)
-    run = lambda t: bwd_sm90.attention_backward(  # noqa: E731
-        p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"], softmax_scale=head_dim ** -0.5,
-        causal=causal, tables=t, deterministic=True, **mask)
-    with hang_guard(120):
-        computed, read = run(tables), run(dataclasses.replace(tables, visit=None))
-        torch.cuda.synchronize()
+    computed, read = computed_and_read(tables, p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"],
+                                       causal=causal, **mask)
     assert all(torch.equal(a, b) for a, b in zip(computed, read))
     # Same sums in another order: FA4's own (ascending) adds agree to fp32 rounding of bf16 grads.
     ascending = backward(p, "ascending")

@@ -182,9 +182,9 @@ def test_arrival_with_unequal_lengths_computes_the_bits_of_its_tables(sq, sk):
     the kernel's arithmetic must give the plan's order, so reading the tables gives the same bits.
     Over 64 KV tiles a head runs as groups launched top group first, and the tied tiles of
     (3000, 12000) lie in both of its groups."""
-    import dataclasses
     from dash_plugin.kernels.backends import DeviceProps, Request
-    from dash_plugin.kernels.hopper import bwd_sm90, tables_of
+    from dash_plugin.kernels.hopper import tables_of
+    from tests.test_gpu_hopper import computed_and_read
     from dash_plugin.kernels.hopper_backend import BACKEND
     from dash_plugin.schedules.plan import AttentionShape, launch_plan
     req = Request(torch.device("cuda"), torch.bfloat16, 128, "arrival", "ordered", False, sq, sk, True, -1, 0)
@@ -196,11 +196,7 @@ def test_arrival_with_unequal_lengths_computes_the_bits_of_its_tables(sq, sk):
     q, do = (torch.randn(1, sq, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     k, v = (torch.randn(1, sk, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     out, lse = hopper.attention_forward(q, k, v, softmax_scale=128 ** -0.5, causal=True)
-    run = lambda t: bwd_sm90.attention_backward(do, q, k, v, out, lse, softmax_scale=128 ** -0.5,  # noqa: E731
-                                                causal=True, tables=t, deterministic=True)
-    with hang_guard(120):
-        computed, read = run(tables), run(dataclasses.replace(tables, visit=None))
-        torch.cuda.synchronize()
+    computed, read = computed_and_read(tables, do, q, k, v, out, lse, causal=True)
     assert all(torch.equal(a, b) for a, b in zip(computed, read))
 
 

@@ -12,7 +12,6 @@ the forward's orientation there.
 - dropout: the forward's and the backward's masks read out exactly (tests/test_gpu_dropout.py's
   read-outs), and out/dq/dk/dv against the float64 oracle with the same mask.
 """
-import dataclasses
 import os
 
 import pytest
@@ -24,7 +23,7 @@ from dash_plugin.kernels.philox import keep_scale
 from tests.gpu_oracle import HOPPER_SKIP, keep_mask, oracle_and_bf16_math, packed_oracle_and_bf16_math, rel
 from tests.hardening_helpers import count_mismatching_passes, gpu_load, hang_guard
 from tests.test_gpu_dropout import check_counts, forward_readout, identity, step, visible
-from tests.test_gpu_hopper import ORDERED, SCHEDULES, backward, problem
+from tests.test_gpu_hopper import ORDERED, SCHEDULES, backward, computed_and_read, problem
 from tests.test_gpu_hopper_varlen import backward as packed_backward, packed
 
 pytestmark = [pytest.mark.gpu, HOPPER_SKIP]
@@ -99,17 +98,11 @@ def test_forward_and_the_order_fa4_also_runs_give_fa4s_bits(d, causal, gqa):
 def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, d):
     """As tests/test_gpu_hopper.py's test of that name, at the wide tiles (hdim 256 shift: more KV
     tiles than Q tiles, so the plan's fallback order, computed the same way)."""
-    from dash_plugin.kernels.hopper import bwd_sm90
     from tests.test_hopper_tables import plan_tables
     tables = plan_tables(schedule, seqlen=2048, head_dim=d, causal=causal, window=(-1, -1))
     assert tables.visit is not None, tables.variant
     p = problem(1, 2048, 4, 4, d, causal, seed=3)
-    run = lambda t: bwd_sm90.attention_backward(  # noqa: E731
-        p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"], softmax_scale=d ** -0.5, causal=causal, tables=t,
-        deterministic=True)
-    with hang_guard(120):
-        computed, read = run(tables), run(dataclasses.replace(tables, visit=None))
-        torch.cuda.synchronize()
+    computed, read = computed_and_read(tables, p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"], causal=causal)
     assert all(torch.equal(a, b) for a, b in zip(computed, read))
 
 
