@@ -562,9 +562,6 @@ recorded_waits: list = []
 
 _compiled: dict = {}
 _device_tables: dict = {}
-# For scripts/gpu_launch_probe.py: every order launched head by head (FA4's L2 swizzle off), as
-# cyclic groups and arrival are. Off in the product.
-FORCE_HEAD_BY_HEAD = False
 
 
 def _tables_on_device(tables: VisitTables, batch: int, heads: int, device):
@@ -651,11 +648,11 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
                                   *q.shape[:-2], *k.shape[:-2]))
     dropout = dropout_p > 0
     aux = [dropout_sm90.params_tensor(seed, dropout_p, dev)] if dropout else None
-    head_by_head = tables.group_size > 1 or FORCE_HEAD_BY_HEAD   # cyclic groups must be co-resident
+    head_by_head = tables.group_size > 1   # cyclic groups must be co-resident
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout,
-           sem_cols, varlen, tables.top_group_first, head_by_head)
+           sem_cols, varlen, tables.top_group_first)
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
