@@ -14,9 +14,11 @@ Variants other than `ordered` and `atomic` give unordered bits and exist only to
 time goes to waiting for one's turn (the schedule's business); if `no-landing` is, to the round
 trip of each add to global memory before the next contributor may start (the protocol's).
 
-    python scripts/gpu_dq_chain_probe.py OUT_DIR [HDIM:causal|full:SEQLEN:SCHED[/SCHED] ...]
+    python scripts/gpu_dq_chain_probe.py OUT_DIR [HDIM:causal|full:SEQLEN:SCHED[/SCHED] ...] [--variants=a,b]
 
-Points given after OUT_DIR replace the built-in POINTS.
+Points given after OUT_DIR replace the built-in POINTS; `--variants=a,b,...` times only those
+(`no-release`: neither wait and no counter increment either, so what is left of the ordered
+protocol in the writer's loop is gone too).
 
 Writes OUT_DIR/dq_chain.json and prints one line per point (backward TFLOP/s).
 """
@@ -41,14 +43,16 @@ from gpu_dq_wait_probe import parse_point  # noqa: E402
 POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (128, False, 1024, "shift"),
           (128, False, 4096, "ascending"), (64, False, 2048, "ascending"), (64, True, 8192, "spt"),
           (128, True, 2048, "arrival")]
-# (WAIT_FOR_RANK, WAIT_FOR_LANDING, READ_TURN_AHEAD)
-VARIANTS = {"ordered": (True, True, True), "no-read-ahead": (True, True, False),
-            "no-rank-wait": (False, True, True), "no-landing": (True, False, True),
-            "neither": (False, False, True), "atomic": (True, True, True)}
+# (WAIT_FOR_RANK, WAIT_FOR_LANDING, READ_TURN_AHEAD, RELEASE_COUNTER)
+VARIANTS = {"ordered": (True, True, True, True), "no-read-ahead": (True, True, False, True),
+            "no-rank-wait": (False, True, True, True), "no-landing": (True, False, True, True),
+            "neither": (False, False, True, True), "no-release": (False, False, True, False),
+            "atomic": (True, True, True, True)}
 
 
-def main(out_dir, points=None):
+def main(out_dir, points=None, variants=None):
     points = points or POINTS
+    variants = {name: VARIANTS[name] for name in (variants or VARIANTS)}
     os.makedirs(out_dir, exist_ok=True)
     inputs = {}
     for hd, causal, s, _ in points:
@@ -59,8 +63,8 @@ def main(out_dir, points=None):
     # Variant outermost: the switches are class attributes read at compile time, so each variant
     # compiles its configurations once.
     kernel = bwd_sm90.OrderedBackwardSm90
-    for variant, (rank_wait, landing_wait, read_ahead) in VARIANTS.items():
-        kernel.WAIT_FOR_RANK, kernel.WAIT_FOR_LANDING, kernel.READ_TURN_AHEAD = rank_wait, landing_wait, read_ahead
+    for variant, switches in variants.items():
+        kernel.WAIT_FOR_RANK, kernel.WAIT_FOR_LANDING, kernel.READ_TURN_AHEAD, kernel.RELEASE_COUNTER = switches
         bwd_sm90._compiled.clear()
         for hd, causal, s, sched in points:
             q, k, v, do, out, lse = inputs[(hd, causal, s)]
@@ -74,7 +78,7 @@ def main(out_dir, points=None):
             name = f"hdim{hd} {'causal' if causal else 'full'} {s} {sched}"
             results[name][variant] = round(flops / ms / 1e9, 1)
             print(f"{variant:12s} {name}: {results[name][variant]}", flush=True)
-    kernel.WAIT_FOR_RANK = kernel.WAIT_FOR_LANDING = kernel.READ_TURN_AHEAD = True
+    kernel.WAIT_FOR_RANK = kernel.WAIT_FOR_LANDING = kernel.READ_TURN_AHEAD = kernel.RELEASE_COUNTER = True
     for name, row in results.items():
         print(name, " ".join(f"{k}={v} ({v / row['atomic']:.2f}x atomic)" for k, v in row.items()))
     with open(os.path.join(out_dir, "dq_chain.json"), "w") as f:
@@ -83,5 +87,7 @@ def main(out_dir, points=None):
 
 if __name__ == "__main__":
     # the wait probe's point syntax; each of a point's schedules is a point here
-    points = [(hd, c, s, x) for hd, c, s, scheds in map(parse_point, sys.argv[2:]) for x in scheds]
-    main(sys.argv[1], points or None)
+    named = [a.split("=", 1)[1].split(",") for a in sys.argv[2:] if a.startswith("--variants=")]
+    points = [(hd, c, s, x) for hd, c, s, scheds in map(parse_point, (a for a in sys.argv[2:] if not a.startswith("--")))
+              for x in scheds]
+    main(sys.argv[1], points or None, named[0] if named else None)

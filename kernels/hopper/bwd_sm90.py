@@ -68,6 +68,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     WAIT_FOR_RANK = True      # acquire: wait until the tile's counter equals this add's rank
     WAIT_FOR_LANDING = True   # release only once the add has landed in global memory
     READ_TURN_AHEAD = True    # read the next tile's counter while this add lands (on in the product)
+    RELEASE_COUNTER = True    # off: no counter increment either (only with WAIT_FOR_RANK off: nobody reads it)
     # For scripts/gpu_dq_wait_probe.py: the dQ writer also sums the SM clock cycles it spends in
     # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
     RECORD_WAITS = False
@@ -239,7 +240,8 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             cute.arch.cp_async_bulk_wait_group(0, read=not self.WAIT_FOR_LANDING)
             if const_expr(self.RECORD_WAITS):
                 self._record(counters, cute.arch.clock() - started, (n_block, 3))
-            barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
+            if const_expr(self.RELEASE_COUNTER):
+                barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
         return seen_next
 
     @cute.jit
