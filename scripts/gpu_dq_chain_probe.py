@@ -18,8 +18,7 @@ trip of each add to global memory before the next contributor may start (the pro
 
 Points given after OUT_DIR replace the built-in POINTS; `--variants=a,b,...` times only those
 (`no-release`: neither wait and no counter increment either, so what is left of the ordered
-protocol in the writer's loop is gone too; `release-pairs`: the ordered product with one fence for
-two steps' counter releases, same bits, each first of a pair released a step later).
+protocol in the writer's loop is gone too).
 
 Writes OUT_DIR/dq_chain.json and prints one line per point (backward TFLOP/s).
 """
@@ -44,14 +43,11 @@ from gpu_dq_wait_probe import parse_point  # noqa: E402
 POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (128, False, 1024, "shift"),
           (128, False, 4096, "ascending"), (64, False, 2048, "ascending"), (64, True, 8192, "spt"),
           (128, True, 2048, "arrival")]
-# Each variant: the OrderedBackwardSm90 switches it changes from the product's (_PRODUCT).
-_PRODUCT = dict(WAIT_FOR_RANK=True, WAIT_FOR_LANDING=True, READ_TURN_AHEAD=True, RELEASE_COUNTER=True,
-                RELEASE_EVERY=1)
-VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False),
-            "no-rank-wait": dict(WAIT_FOR_RANK=False), "no-landing": dict(WAIT_FOR_LANDING=False),
-            "neither": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False),
-            "no-release": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False, RELEASE_COUNTER=False),
-            "release-pairs": dict(RELEASE_EVERY=2), "atomic": {}}
+# (WAIT_FOR_RANK, WAIT_FOR_LANDING, READ_TURN_AHEAD, RELEASE_COUNTER)
+VARIANTS = {"ordered": (True, True, True, True), "no-read-ahead": (True, True, False, True),
+            "no-rank-wait": (False, True, True, True), "no-landing": (True, False, True, True),
+            "neither": (False, False, True, True), "no-release": (False, False, True, False),
+            "atomic": (True, True, True, True)}
 
 
 def main(out_dir, points=None, variants=None):
@@ -68,8 +64,7 @@ def main(out_dir, points=None, variants=None):
     # compiles its configurations once.
     kernel = bwd_sm90.OrderedBackwardSm90
     for variant, switches in variants.items():
-        for name, value in dict(_PRODUCT, **switches).items():
-            setattr(kernel, name, value)
+        kernel.WAIT_FOR_RANK, kernel.WAIT_FOR_LANDING, kernel.READ_TURN_AHEAD, kernel.RELEASE_COUNTER = switches
         bwd_sm90._compiled.clear()
         for hd, causal, s, sched in points:
             q, k, v, do, out, lse = inputs[(hd, causal, s)]
@@ -83,8 +78,7 @@ def main(out_dir, points=None, variants=None):
             name = f"hdim{hd} {'causal' if causal else 'full'} {s} {sched}"
             results[name][variant] = round(flops / ms / 1e9, 1)
             print(f"{variant:12s} {name}: {results[name][variant]}", flush=True)
-    for name, value in _PRODUCT.items():
-        setattr(kernel, name, value)
+    kernel.WAIT_FOR_RANK = kernel.WAIT_FOR_LANDING = kernel.READ_TURN_AHEAD = kernel.RELEASE_COUNTER = True
     for name, row in results.items():
         print(name, " ".join(f"{k}={v} ({v / row['atomic']:.2f}x atomic)" for k, v in row.items()))
     with open(os.path.join(out_dir, "dq_chain.json"), "w") as f:

@@ -69,7 +69,6 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     WAIT_FOR_LANDING = True   # release only once the add has landed in global memory
     READ_TURN_AHEAD = True    # read the next tile's counter while this add lands (on in the product)
     RELEASE_COUNTER = True    # off: no counter increment either (only with WAIT_FOR_RANK off: nobody reads it)
-    RELEASE_EVERY = 1         # 2: one fence for two steps' counters (the first waits a step longer); a probe
     # For scripts/gpu_dq_wait_probe.py: the dQ writer also sums the SM clock cycles it spends in
     # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
     RECORD_WAITS = False
@@ -174,10 +173,6 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             gdQ = cute.local_tile(dq_rows, (chunk_layout,), (None,))
             counters = mdQ_semaphore[None, None, head, batch] if const_expr(self.deterministic) else None
             seen = Int32(-1)   # the counter of this step's dQ tile as read ahead (-1: not read)
-            held = None
-            if const_expr(self.deterministic and self.RELEASE_EVERY == 2):
-                held = cute.make_rmem_tensor((1,), Int32)   # a tile whose release waits for the next step's
-                held[0] = Int32(-1)
             if const_expr(self.visit is None):
                 q_tiles = blocksparse_tensors.mask_block_idx[batch, head, n_block, None]
                 ranks = blocksparse_tensors.dq_write_order[batch, head, n_block, None]
@@ -185,7 +180,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                 for step in cutlass.range(count, unroll=1):
                     ahead = cutlass.min(step + 1, count - 1)
                     seen = self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane, n_block,
-                                             seen, step + 1 < count, q_tiles[ahead], ranks[ahead], held)
+                                             seen, step + 1 < count, q_tiles[ahead], ranks[ahead])
             else:
                 m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
                 count = m_block_max - m_block_min
@@ -193,7 +188,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                     m_block, rank = self._visit(seqlen, block_info, n_block, step)
                     next_m_block, next_rank = self._visit(seqlen, block_info, n_block, step + 1)
                     seen = self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane, n_block,
-                                             seen, step + 1 < count, next_m_block, next_rank, held)
+                                             seen, step + 1 < count, next_m_block, next_rank)
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
         if const_expr(not self.deterministic):
@@ -201,7 +196,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
 
     @cute.jit
     def _add_dq_tile(self, sdQaccum, gdQ, counters, m_block, rank, lane, n_block,
-                     seen, has_next, next_m_block, next_rank, held=None):
+                     seen, has_next, next_m_block, next_rank):
         """Add the consumers' fp32 dQ partial of Q tile `m_block` (in shared memory, one chunk
         per consumer warpgroup) to the global accumulator; ordered mode adds as number `rank`.
 
@@ -245,25 +240,9 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             cute.arch.cp_async_bulk_wait_group(0, read=not self.WAIT_FOR_LANDING)
             if const_expr(self.RECORD_WAITS):
                 self._record(counters, cute.arch.clock() - started, (n_block, 3))
-            if const_expr(held is not None):
-                self._release_in_pairs(counters, m_block, lane, has_next, held)
-            elif const_expr(self.RELEASE_COUNTER):
+            if const_expr(self.RELEASE_COUNTER):
                 barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
         return seen_next
-
-    @cute.jit
-    def _release_in_pairs(self, counters, m_block, lane, has_next, held):
-        """RELEASE_EVERY == 2: every other step holds its tile's release back, and the next step
-        releases both tiles behind one fence (or this one's alone at the KV tile's last step)."""
-        if lane == 0:
-            if has_next and held[0] < 0:
-                held[0] = m_block
-            else:
-                cute.arch.fence_acq_rel_gpu()
-                if held[0] >= 0:
-                    barrier.red_relaxed(counters[(held[0], None)].iterator, 1)
-                barrier.red_relaxed(counters[(m_block, None)].iterator, 1)
-                held[0] = Int32(-1)
 
     @cute.jit
     def _read_turn(self, counter, lane, rank) -> Int32:
