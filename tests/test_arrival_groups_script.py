@@ -1,0 +1,35 @@
+"""scripts/gpu_arrival_groups.py's host side, on the CPU: the tables it times for each group size
+are `arrival` launched in groups of that size, top group first (groups of one: `spt`'s launch),
+with every wait on a tile launched earlier or in its own group."""
+import sys
+
+import pytest
+
+from dash_plugin.kernels.backends import DeviceProps
+from dash_plugin.kernels.hopper.visit_tables import launch_slots
+from tests.script_modules import SCRIPTS, load_script
+
+
+@pytest.fixture(scope="module")
+def script():
+    sys.path.insert(0, str(SCRIPTS))   # it imports gpu_hopper_bwd beside it
+    try:
+        yield load_script("gpu_arrival_groups")
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+@pytest.mark.parametrize("d, s", [(128, 8192), (128, 16384), (192, 8192)])
+@pytest.mark.parametrize("group", [64, 32, 16, 1])
+def test_tables_run_arrival_in_the_asked_groups(script, monkeypatch, d, s, group):
+    monkeypatch.setattr(script.BACKEND, "device_props", lambda device: DeviceProps(132))
+    tables = script.arrival_tables(1, s, 16, 16, d, group)   # checks the waits against the launch itself
+    n = tables.count.shape[0]
+    assert tables.variant == "arrival"
+    if group == 1:   # arrival in groups of one is spt: ascending visits, KV tiles launched from the last down
+        assert tables.kv_descending and tables.visit == "ascending"
+        return
+    assert tables.group_size == min(group, n) and tables.top_group_first == (n > group)
+    assert tables.visit == "arrival"
+    slots = launch_slots(tables, n)
+    assert sorted(slots) == list(range(n)) and slots[:group] == list(range(max(n - group, 0), n))[:group]
