@@ -1,22 +1,16 @@
 """scripts/gpu_arrival_groups.py's host side, on the CPU: the tables it times for each group size
 are `arrival` launched in groups of that size, top group first (groups of one: `spt`'s launch),
 with every wait on a tile launched earlier or in its own group."""
-import sys
-
 import pytest
 
 from dash_plugin.kernels.backends import DeviceProps
 from dash_plugin.kernels.hopper.visit_tables import launch_slots
-from tests.script_modules import SCRIPTS, load_script
+from tests.script_modules import load_script_with_siblings
 
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(SCRIPTS))   # it imports gpu_hopper_bwd beside it
-    try:
-        yield load_script("gpu_arrival_groups")
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    return load_script_with_siblings("gpu_arrival_groups")
 
 
 @pytest.mark.parametrize("d, s", [(128, 8192), (128, 16384), (192, 8192)])

@@ -7,16 +7,12 @@ import pytest
 import torch
 
 from dash_plugin.kernels.reference import visible_mask
-from tests.script_modules import SCRIPTS, load_script
+from tests.script_modules import load_script_with_siblings
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(SCRIPTS))   # it imports gpu_hopper_bwd beside it
-    try:
-        yield load_script("gpu_varlen_bench")
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    return load_script_with_siblings("gpu_varlen_bench")
 
 
 @pytest.mark.parametrize("sq, sk", [(7, 7), (5, 9), (9, 5), (1, 4), (4, 1)])
