@@ -33,7 +33,7 @@ def _device_props(device: str) -> DeviceProps:
 class HopperTiles(NamedTuple):
     block_m: int
     block_n: int
-    group_size: int | None   # the largest cyclic group this grid keeps co-resident (shift only)
+    group_size: int | None   # the largest group this grid keeps co-resident (shift, arrival); None: the plan's default
 
 
 class HopperBackend:
@@ -74,8 +74,9 @@ class HopperBackend:
     def tiles(self, r) -> HopperTiles:
         causal, local, _, _ = hopper.fa4_mask(r.causal, r.window_left, r.window_right)
         block_m, block_n = hopper.bwd_tiles(r.head_dim, causal or local)   # windows tile like causal
-        # Shift groups: the plan's default (a whole head up to 64 KV tiles, split evenly beyond),
-        # which the head-by-head launch keeps co-resident (hopper.RESIDENT_SLOTS).
+        # Groups: the plan's defaults (shift: a whole head up to 64 KV tiles, split evenly beyond;
+        # arrival: groups of 64, the top one first), which the head-by-head launch keeps
+        # co-resident (hopper.RESIDENT_SLOTS).
         return HopperTiles(block_m, block_n, None)
 
     def device_props(self, device) -> DeviceProps:
