@@ -24,6 +24,7 @@ Writes OUT_DIR/dq_chain.json and prints one line per point (backward TFLOP/s).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -43,11 +44,26 @@ from gpu_dq_wait_probe import parse_point  # noqa: E402
 POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (128, False, 1024, "shift"),
           (128, False, 4096, "ascending"), (64, False, 2048, "ascending"), (64, True, 8192, "spt"),
           (128, True, 2048, "arrival")]
-# (WAIT_FOR_RANK, WAIT_FOR_LANDING, READ_TURN_AHEAD, RELEASE_COUNTER)
-VARIANTS = {"ordered": (True, True, True, True), "no-read-ahead": (True, True, False, True),
-            "no-rank-wait": (False, True, True, True), "no-landing": (True, False, True, True),
-            "neither": (False, False, True, True), "no-release": (False, False, True, False),
-            "atomic": (True, True, True, True)}
+# The OrderedBackwardSm90 switches as the product sets them, and what each variant changes.
+_PRODUCT = dict(WAIT_FOR_RANK=True, WAIT_FOR_LANDING=True, READ_TURN_AHEAD=True, RELEASE_COUNTER=True)
+VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False),
+            "no-rank-wait": dict(WAIT_FOR_RANK=False), "no-landing": dict(WAIT_FOR_LANDING=False),
+            "neither": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False),
+            "no-release": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False, RELEASE_COUNTER=False),
+            "atomic": {}}
+
+
+def _variant_list(text):
+    names = text.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--variants={text!r}: {unknown} unknown; allowed: {', '.join(VARIANTS)}")
+    return names
+
+
+def _set_switches(kernel, switches):
+    for name, value in dict(_PRODUCT, **switches).items():
+        setattr(kernel, name, value)
 
 
 def main(out_dir, points=None, variants=None):
@@ -64,7 +80,7 @@ def main(out_dir, points=None, variants=None):
     # compiles its configurations once.
     kernel = bwd_sm90.OrderedBackwardSm90
     for variant, switches in variants.items():
-        kernel.WAIT_FOR_RANK, kernel.WAIT_FOR_LANDING, kernel.READ_TURN_AHEAD, kernel.RELEASE_COUNTER = switches
+        _set_switches(kernel, switches)
         bwd_sm90._compiled.clear()
         for hd, causal, s, sched in points:
             q, k, v, do, out, lse = inputs[(hd, causal, s)]
@@ -78,7 +94,7 @@ def main(out_dir, points=None, variants=None):
             name = f"hdim{hd} {'causal' if causal else 'full'} {s} {sched}"
             results[name][variant] = round(flops / ms / 1e9, 1)
             print(f"{variant:12s} {name}: {results[name][variant]}", flush=True)
-    kernel.WAIT_FOR_RANK = kernel.WAIT_FOR_LANDING = kernel.READ_TURN_AHEAD = kernel.RELEASE_COUNTER = True
+    _set_switches(kernel, {})
     for name, row in results.items():
         print(name, " ".join(f"{k}={v} ({v / row['atomic']:.2f}x atomic)" for k, v in row.items()))
     with open(os.path.join(out_dir, "dq_chain.json"), "w") as f:
@@ -86,8 +102,11 @@ def main(out_dir, points=None, variants=None):
 
 
 if __name__ == "__main__":
-    # the wait probe's point syntax; each of a point's schedules is a point here
-    named = [a.split("=", 1)[1].split(",") for a in sys.argv[2:] if a.startswith("--variants=")]
-    points = [(hd, c, s, x) for hd, c, s, scheds in map(parse_point, (a for a in sys.argv[2:] if not a.startswith("--")))
-              for x in scheds]
-    main(sys.argv[1], points or None, named[0] if named else None)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("points", nargs="*", help="HDIM:causal|full:SEQLEN:SCHED[/SCHED] (the wait probe's syntax; "
+                    "each schedule of a point is a point here)")
+    ap.add_argument("--variants", type=_variant_list, help=f"comma list from {', '.join(VARIANTS)}")
+    args = ap.parse_args()
+    points = [(hd, c, s, x) for hd, c, s, scheds in map(parse_point, args.points) for x in scheds]
+    main(args.out_dir, points or None, args.variants)

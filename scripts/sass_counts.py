@@ -114,8 +114,7 @@ def main(argv=None) -> int:
         if args.save_sass:
             with open(args.save_sass, "w") as f:
                 f.write(sass)
-    print(f"{args.kernel} hdim{args.head_dim} {'full' if args.full else 'causal'} dropout={args.dropout}"
-          + ": "
+    print(f"{args.kernel} hdim{args.head_dim} {'full' if args.full else 'causal'} dropout={args.dropout}: "
           + " ".join(f"{k}={v}" for k, v in counts.items()))
     return 0
 

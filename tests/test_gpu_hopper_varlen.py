@@ -47,6 +47,21 @@ def packed(lengths, hq, hkv, d, causal, seed=0, **mask):
     return dict(q=q, k=k, v=v, do=do, out=out, lse=lse, causal=causal, mask=mask, kw=kw)
 
 
+def sequence_alone(p, b):
+    """Sequence `b` of packed problem `p` as a packed batch of its own (out/lse from its own
+    forward), with its query rows and key rows in `p`."""
+    cq, ck = (p["kw"][n].tolist() for n in ("cu_seqlens_q", "cu_seqlens_k"))
+    rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+    sq, sk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+    cu = [torch.tensor([0, n], dtype=torch.int32, device="cuda") for n in (sq, sk)]
+    solo = dict(q=p["q"][rows], k=p["k"][keys], v=p["v"][keys], do=p["do"][rows], causal=p["causal"], mask=p["mask"],
+                kw=dict(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], max_seqlen_q=sq, max_seqlen_k=sk))
+    solo["out"], solo["lse"] = hopper.attention_forward(
+        solo["q"], solo["k"], solo["v"], softmax_scale=p["q"].shape[-1] ** -0.5, causal=p["causal"],
+        cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], **p["mask"])
+    return solo, rows, keys
+
+
 def backward(p, schedule):
     return dispatch.attention_backward(p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"],
                                        softmax_scale=p["q"].shape[-1] ** -0.5, causal=p["causal"],
@@ -119,17 +134,11 @@ def test_a_sequence_gives_the_same_bits_whatever_it_is_packed_with(schedule, gqa
     lengths = ((1000, 1000), (2048, 2048), (333, 333), (1500, 1500))
     p = packed(lengths, 8, 8 // gqa, 128, True, seed=3)
     grads = backward(p, schedule)
-    cq = p["kw"]["cu_seqlens_q"].tolist()
-    for b, (a, e) in enumerate(zip(cq, cq[1:])):
-        alone = {n: p[n][a:e] for n in ("q", "k", "v", "do")}
-        one = torch.tensor([0, e - a], dtype=torch.int32, device="cuda")
-        out, lse = hopper.attention_forward(alone["q"], alone["k"], alone["v"], softmax_scale=128 ** -0.5,
-                                            causal=True, cu_seqlens_q=one, cu_seqlens_k=one)
-        assert torch.equal(out, p["out"][a:e]), f"sequence {b}: out"
-        solo = dict(alone, out=out, lse=lse, causal=True, mask={},
-                    kw=dict(cu_seqlens_q=one, cu_seqlens_k=one, max_seqlen_q=e - a, max_seqlen_k=e - a))
+    for b in range(len(lengths)):
+        solo, rows, _ = sequence_alone(p, b)
+        assert torch.equal(solo["out"], p["out"][rows]), f"sequence {b}: out"
         for name, x, y in zip(("dq", "dk", "dv"), backward(solo, schedule), grads):
-            assert torch.equal(x, y[a:e]), f"sequence {b}: {name}"
+            assert torch.equal(x, y[rows]), f"sequence {b}: {name}"
 
 
 @pytest.mark.parametrize("schedule, causal, gqa", [("descending", True, 1), ("spt", True, 4),
@@ -211,14 +220,8 @@ def test_packed_arrival_over_several_groups_gives_each_sequence_its_own_bits():
         ascending = backward(p, "ascending")
     for name, a, b in zip(("dq", "dk", "dv"), grads, ascending):
         assert rel(a, b.double().cpu()) < 1e-2, f"{name}: {rel(a, b.double().cpu()):.2e} from ascending"
-    cq, ck = (p["kw"][n].tolist() for n in ("cu_seqlens_q", "cu_seqlens_k"))
-    for b, (sq, sk) in enumerate(lengths):
-        rows, keys = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
-        cu = [torch.tensor([0, n], dtype=torch.int32, device="cuda") for n in (sq, sk)]
-        solo = dict(q=p["q"][rows], k=p["k"][keys], v=p["v"][keys], do=p["do"][rows], causal=True, mask={},
-                    kw=dict(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], max_seqlen_q=sq, max_seqlen_k=sk))
-        solo["out"], solo["lse"] = hopper.attention_forward(solo["q"], solo["k"], solo["v"], softmax_scale=128 ** -0.5,
-                                                            causal=True, cu_seqlens_q=cu[0], cu_seqlens_k=cu[1])
+    for b in range(len(lengths)):
+        solo, rows, keys = sequence_alone(p, b)
         with hang_guard(300):
             alone = backward(solo, "arrival")
         for name, x, y, part in zip(("dq", "dk", "dv"), alone, grads, (rows, keys, keys)):

@@ -444,7 +444,7 @@ def _launch_head_by_head(enabled: bool, top_group: int = 0):
     """While FA4's __call__ builds its grid, its tile schedulers (dense deterministic, and packed)
     launch the KV tiles of one head after another (no interleaving of heads for L2 reuse), so a
     cyclic group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS);
-    with `top_group` > 0, in groups of that many launched top group first (`_TopGroupFirst`).
+    with `top_group` > 0, in groups of that many launched top group first (`_top_group_first`).
     It swaps module globals of FA4's for the compile (FA4's __call__ names the classes directly),
     under a lock so that two of our compiles never interleave the swap; a compile of FA4's own
     backward in another thread at that moment would still see it."""

@@ -60,8 +60,8 @@ CLOSED_FORMS = ("ascending", "descending", "shift", "arrival")
 def top_group_first_launch(n: int, group_size: int) -> list[int]:
     """KV tile of each launch slot when groups of `group_size` consecutive KV tiles, counted from
     the last tile down, are launched top group first, each from its first tile up (the bottom
-    group takes what is left): `arrival`'s launch beyond one group. The kernel's
-    `bwd_sm90._TopGroupFirst` computes the same per CTA."""
+    group takes what is left): `arrival`'s launch beyond one group. The kernel's schedulers
+    compute the same per CTA (`bwd_sm90._top_group_first`)."""
     return [max(n - (s // group_size + 1) * group_size, 0) + s % group_size for s in range(n)]
 
 
