@@ -92,6 +92,34 @@ def dropout_threshold(p: float) -> int:
     return threshold
 
 
+def threshold_above_half(p: float) -> bool:
+    """Whether p's threshold is above 2**7 (p above about one half). The Hopper forward compares
+    four draws at once (dropout_sm90.DropoutParams.kept_draws), by a formula that differs on
+    either side of it, so its kernel is compiled for one side."""
+    return dropout_threshold(p) > 1 << (DROPOUT_BITS - 1)
+
+
+# Four 8-bit draws of a word compared with the threshold at once (the Hopper forward does this):
+# each byte's low seven bits plus a bias reach the byte's bit 7 exactly when the draw keeps its
+# score, and no sum carries into the next byte.
+_LOW_SEVEN, _BYTE_TOPS, _EVERY_BYTE = 0x7F7F7F7F, 0x80808080, 0x01010101
+
+
+def four_draws_bias(threshold, above_half: bool):
+    """The per-byte bias of four_draws_kept for `threshold` (an int, or a kernel's run-time value).
+    A draw x is kept iff x >= t. Up to one half (t <= 128): iff bit 7 of x is set or its low seven
+    bits reach t, i.e. (x & 0x7f) + (128 - t) >= 128. Above (t > 128): iff bit 7 is set and the low
+    seven bits reach t - 128, i.e. (x & 0x7f) + (256 - t) >= 128."""
+    return ((256 if above_half else 128) - threshold) * _EVERY_BYTE
+
+
+def four_draws_kept(word, bias, above_half: bool):
+    """Bit 7 of byte b of the result is set iff draw b of `word` (bits 8b..8b+7) keeps its score;
+    every other bit is 0. Works on ints and on a kernel's 32-bit values alike."""
+    low = (word & _LOW_SEVEN) + bias
+    return ((word & low) if above_half else (word | low)) & _BYTE_TOPS
+
+
 def effective_dropout_p(p: float) -> float:
     """The drop probability a call with ``dropout_p=p`` gets: p rounded to a multiple of 2**-8
     (0.1 -> 26/256 = 0.1015625). Kept elements are scaled by its exact inverse keep rate."""

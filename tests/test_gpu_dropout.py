@@ -123,6 +123,20 @@ def test_forward_mask_read_out_exactly(backend, d, heads, causal, seqlen_q):
     check_counts(got, counts, keep_scale(p) / n, f"{backend} forward")
 
 
+@pytest.mark.parametrize("p", [0.004, 0.3, 0.5, 0.51, 0.7, 0.99])
+@pytest.mark.parametrize("causal", [False, True])
+@HOPPER_SKIP
+def test_hopper_forward_mask_at_thresholds_on_both_sides_of_one_half(causal, p):
+    """The Hopper forward compares four draws at once by a formula that differs below and above a
+    threshold of 128 (kernels/philox.py:four_draws_kept): the smallest threshold (1), one half
+    (128, the last of the lower formula), the first above (131) and the largest (253)."""
+    batch, (hq, hkv), d = 2, HEADS["mha"], 128
+    got = forward_readout("hopper", batch=batch, hq=hq, hkv=hkv, seqlen_q=d, d=d, causal=causal, p=p, seed=SEED)
+    vis = visible(d, d, causal)
+    counts = (keep_mask(SEED, p, batch, hq, d, d) & vis).long()
+    check_counts(got, counts, keep_scale(p) / vis.sum(-1, keepdim=True).clamp_min(1).double(), f"hopper forward p={p}")
+
+
 # ---------------------------------------------------------------- b. the backward's mask, through dV
 BWD_CASES = [param(b, s, d, h, c, sk) for b in BACKENDS for s in SCHEDULES[b] for d in (64, 128) for h in HEADS
              for c in (False, True) for sk in ((d,) if b == "hopper" else (d, 2 * d)) if runs(b, s, c)]

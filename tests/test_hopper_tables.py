@@ -213,7 +213,7 @@ def test_forward_compile_key_separates_what_the_compiler_bakes_in():
 
     def key(q, k, v=None, **over):
         mask = dict(causal=True, local=False, window_size_left=None, window_size_right=None, softcap=0.0,
-                    dropout=False)
+                    dropout_p=0.0)
         return forward_key(q, k, k if v is None else v, **{**mask, **over})
     q = torch.empty(2, 64, 8, 128, dtype=torch.bfloat16)
     k = torch.empty(2, 64, 2, 128, dtype=torch.bfloat16)
@@ -221,12 +221,15 @@ def test_forward_compile_key_separates_what_the_compiler_bakes_in():
     assert key(torch.empty(3, 512, 8, 128, dtype=torch.bfloat16), torch.empty(3, 512, 2, 128, dtype=torch.bfloat16)) == base
     assert key(q, k, local=True, causal=False, window_size_left=100, window_size_right=0) == \
         key(q, k, local=True, causal=False, window_size_left=7, window_size_right=3)   # sizes: run time
+    assert key(q, k, dropout_p=0.1) == key(q, k, dropout_p=0.5)   # p: run time, up to one half
+    assert key(q, k, dropout_p=0.6) == key(q, k, dropout_p=0.9)
     broadcast = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16).expand(2, -1, -1, -1)
     different = [key(q.half(), k.half()), key(torch.empty(2, 64, 8, 64), torch.empty(2, 64, 2, 64)),
                  key(q, torch.empty(2, 64, 8, 128, dtype=torch.bfloat16)), key(q, k, causal=False),
                  key(q, k, causal=False, local=True, window_size_left=5, window_size_right=None),
                  key(q, k, causal=False, local=True, window_size_left=None, window_size_right=5),
-                 key(q, k, softcap=30.0), key(q, k, softcap=20.0), key(q, k, dropout=True),
+                 key(q, k, softcap=30.0), key(q, k, softcap=20.0), key(q, k, dropout_p=0.1),
+                 key(q, k, dropout_p=0.6),
                  key(q, broadcast), key(q, k, broadcast)]
     assert len({base, *different}) == len(different) + 1
 

@@ -6,7 +6,7 @@ import torch
 
 from dash_plugin.kernels import reference
 from dash_plugin.kernels.philox import (dropout_draws, dropout_keep_mask, dropout_threshold, effective_dropout_p,
-                                        keep_scale, philox)
+                                        four_draws_bias, four_draws_kept, keep_scale, philox, threshold_above_half)
 from tests.math_attention import math_attention
 
 CASES = {
@@ -203,6 +203,25 @@ def test_keep_scale_is_the_exact_inverse_keep_rate():
     for p in (-0.1, 1.0, float("nan")):
         with pytest.raises(ValueError, match=r"must be in \[0, 1\)"):
             effective_dropout_p(p)
+
+
+def test_four_draws_at_once_decide_as_one_compare_each():
+    """The Hopper forward's compare of four 8-bit draws at once (four_draws_kept) against
+    draw >= threshold, for every threshold a p can give and every draw value in every byte, the
+    other bytes holding values that would carry into it if the sums were not kept apart."""
+    draws = torch.arange(256, dtype=torch.int64)
+    for threshold in range(1, 256):
+        above = threshold > 128
+        bias = four_draws_bias(threshold, above)
+        for byte in range(4):
+            for others in (0x00, 0xFF, 0x7F, 0x80):
+                filler = sum(others << (8 * b) for b in range(4) if b != byte)
+                got = four_draws_kept((draws << (8 * byte)) | filler, bias, above)
+                assert torch.equal(got >> (8 * byte + 7) & 1 == 1, draws >= threshold), (threshold, byte, others)
+                assert torch.equal(got & ~(0x80 << (8 * byte)) & 0xFFFFFFFF,
+                                   torch.full_like(got, sum(((others >= threshold) << (8 * b + 7))
+                                                            for b in range(4) if b != byte)))
+    assert [threshold_above_half(p) for p in (0.1, 0.5, 0.51, 0.99)] == [False, False, True, True]
 
 
 def test_philox_known_answers():

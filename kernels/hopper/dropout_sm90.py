@@ -31,7 +31,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from quack import layout_utils
 
-from ..philox import _KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, GROUP_BITS, PHILOX_ROUNDS, dropout_threshold
+from ..philox import (_KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, GROUP_BITS, PHILOX_ROUNDS, dropout_threshold,
+                      four_draws_bias, four_draws_kept)
 
 
 def refuse_softcap(dropout_p: float, softcap: float) -> None:
@@ -78,11 +79,15 @@ _GROUP_CLEAR = ~GROUP_BITS & 0xFFFFFFFF
 
 
 class DropoutParams:
-    """The run-time dropout constants, loaded once where a kernel function starts."""
+    """The run-time dropout constants, loaded once where a kernel function starts.
+    `threshold_above_half`: the threshold is above 128 (kernels/philox.py:threshold_above_half),
+    which the four-at-once compare (kept_draws) is compiled for."""
 
-    def __init__(self, params: cute.Tensor):
+    def __init__(self, params: cute.Tensor, threshold_above_half: bool = False):
         self.key0, self.key1 = Uint32(params[0]), Uint32(params[1])
         self.threshold_top = Uint32(params[2]) << Uint32(_TOP_SHIFT)
+        self.above_half = threshold_above_half
+        self.byte_bias = Uint32(four_draws_bias(Uint32(params[2]), threshold_above_half))
         full = Float32(float(1 << DROPOUT_BITS))
         self.scale = full / (full - Float32(params[2]))   # keep_scale(p), on the device
         # 1 / keep_scale(p) exactly (an integer times 2**-8): steps that divide by the scale
@@ -101,6 +106,11 @@ class DropoutParams:
         else:
             top = word << (Uint32(DROPOUT_BITS * 3) - Uint32(DROPOUT_BITS) * byte)
         return top >= self.threshold_top
+
+    def kept_draws(self, word):
+        """Bit 7 of byte b of the result: whether draw b of `word` keeps its score (the others 0).
+        Three instructions for four draws, where `kept` takes one compare (and most often a shift) each."""
+        return Uint32(four_draws_kept(Uint32(word), self.byte_bias, self.above_half))
 
 
 # In a wgmma accumulator, lane ^ 4 holds the next accumulator row (the other row parity) with the
@@ -157,31 +167,89 @@ def _unit_words(drop, anchors, u, odd, head, batch, rows_are_queries):
     return (own_group_words(drop, anchors[u], odd, head, batch, rows_are_queries),)
 
 
-@cute.jit
-def _drop_quads(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop,
-                rows_are_queries: cutlass.Constexpr[bool], negate: cutlass.Constexpr[bool]):
-    """Dropped entries of `acc_mn` (the accumulator's (rows, cols) view) -> 0, or -P with
-    `negate`. A thread's row pair (r, r+1) is rows x, x+8 and its column quad c..c+3 columns
-    y, y+1, y+8, y+9: half a group, the partner lane (lane ^ 4) holding rows x+1, x+9. Entry
-    (r + dr, c + q) is word q % 2 of the thread's two and byte 2*bit3(query) + bit3(key):
-    2*dr + q // 2 with rows = queries, 2 * (q // 2) + dr with rows = keys."""
+def _quad_words(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, rows_are_queries: bool):
+    """{(r, qd): (word 0, word 1)} at trace time: this thread's two words of the group holding
+    row pair (r, r + 1) and column quad qd of `acc_mn` (the accumulator's (rows, cols) view). A
+    thread's row pair is rows x, x+8 and its column quad columns y, y+1, y+8, y+9: half a group,
+    the partner lane (lane ^ 4) holding rows x+1, x+9. Entry (r + dr, 4 qd + q) is word q % 2 of
+    the two, byte 2*bit3(query) + bit3(key): 2*dr + q // 2 with rows = queries, 2 * (q // 2) + dr
+    with rows = keys."""
     quads = cute.size(acc_mn, mode=[1]) // 4
     odd = odd_row(coords_mn)
-    for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
-        if const_expr(rows_are_queries):
+    words = {}
+    for r in range(0, cute.size(acc_mn, mode=[0]), 2):
+        if rows_are_queries:
             anchors = [coords_mn[r, 4 * qd] for qd in range(quads)]
         else:
             anchors = [(coords_mn[r, 4 * qd][1], coords_mn[r, 4 * qd][0]) for qd in range(quads)]   # (query, key)
-        for qa in cutlass.range_constexpr(0, quads, 2):
-            units = _unit_words(drop, anchors, qa, odd, head, batch, rows_are_queries)
-            for k in cutlass.range_constexpr(len(units)):
-                c = 4 * (qa + k)
-                for dr in cutlass.range_constexpr(2):
-                    for q in cutlass.range_constexpr(4):
-                        byte = 2 * dr + q // 2 if const_expr(rows_are_queries) else 2 * (q // 2) + dr
-                        x = acc_mn[r + dr, c + q]
-                        dropped = -x if const_expr(negate) else Float32(0.0)
-                        acc_mn[r + dr, c + q] = x if drop.kept(units[k][q % 2], byte) else dropped
+        for qa in range(0, quads, 2):
+            for k, unit in enumerate(_unit_words(drop, anchors, qa, odd, head, batch, rows_are_queries)):
+                words[(r, qa + k)] = unit
+    return words
+
+
+@cute.jit
+def _drop_quads(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop,
+                rows_are_queries: cutlass.Constexpr[bool], negate: cutlass.Constexpr[bool]):
+    """Dropped entries of `acc_mn` -> 0, or -P with `negate` (which words and bytes: _quad_words)."""
+    words = _quad_words(acc_mn, coords_mn, head, batch, drop, rows_are_queries)
+    for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
+        for qd in cutlass.range_constexpr(cute.size(acc_mn, mode=[1]) // 4):
+            for dr in cutlass.range_constexpr(2):
+                for q in cutlass.range_constexpr(4):
+                    byte = 2 * dr + q // 2 if const_expr(rows_are_queries) else 2 * (q // 2) + dr
+                    x = acc_mn[r + dr, 4 * qd + q]
+                    dropped = -x if const_expr(negate) else Float32(0.0)
+                    acc_mn[r + dr, 4 * qd + q] = x if drop.kept(words[(r, qd)][q % 2], byte) else dropped
+
+
+def _pair_selector(byte: int) -> int:
+    """PRMT selector that makes a converted pair's mask out of two kept_draws results: result
+    bytes 0-1 repeat the sign bit of byte `byte` of the first operand (the even column's word),
+    bytes 2-3 that of the second (the odd column's): 0xFFFF over a kept half, 0 over a dropped one."""
+    first, second = 8 | byte, 8 | (4 + byte)   # bit 3 of a selector nibble: replicate the sign
+    return first | first << 4 | second << 8 | second << 12
+
+
+@dsl_user_op
+def _sign_bytes(a, b, selector: int, *, loc=None, ip=None) -> Uint32:
+    """`prmt.b32` with a constant selector (cute.arch.prmt's inline assembly is marked as having
+    side effects, which keeps the compiler from moving it)."""
+    return Uint32(llvm.inline_asm(
+        T.i32(), [Uint32(a).ir_value(loc=loc, ip=ip), Uint32(b).ir_value(loc=loc, ip=ip)],
+        f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+def _mn_places(acc: cute.Tensor) -> list:
+    """For each element of the P.V operand view of `acc` (reshape_acc_to_frgA, the order FA4's
+    conversion writes the 16-bit P in), its (row, column) in the (rows, cols) view. Both views
+    re-index the same registers, so register offsets pair them (trace time)."""
+    mn = layout_utils.reshape_acc_to_mn(acc).layout
+    frg = layout_utils.convert_layout_acc_frgA(acc.layout)
+    place = {cute.crd2idx((r, c), mn): (r, c)
+             for r in range(cute.size(mn, mode=[0])) for c in range(cute.size(mn, mode=[1]))}
+    return [place[cute.crd2idx(k, frg)] for k in range(cute.size(frg))]
+
+
+def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
+    """Dropout on the forward's P after its conversion to 16 bits (`tOrP`, converted from `acc`,
+    rows = queries): dropped entries -> 0. A converted pair (i, j), (i, j+1) is one 32-bit
+    register, and its two draws sit at the same byte of the thread's two words of their group
+    (column parity 0 and 1), so kept_draws compares four draws at once, one PRMT spreads the two
+    verdicts over the pair's halves and one AND applies them: 1.75 instructions a score where
+    the 32-bit path (_drop_quads) takes 2.75."""
+    acc_mn = layout_utils.reshape_acc_to_mn(acc)
+    assert cute.size(acc_mn, mode=[1]) % 4 == 0, "the converted path needs whole column quads"
+    words = _quad_words(acc_mn, coords_mn, head, batch, drop, rows_are_queries=True)
+    kept = {unit: (drop.kept_draws(w[0]), drop.kept_draws(w[1])) for unit, w in words.items()}
+    places = _mn_places(acc)
+    pairs = cute.recast_tensor(tOrP, Uint32)
+    for i in range(cute.size(pairs)):
+        (r, c), second = places[2 * i], places[2 * i + 1]
+        assert second == (r, c + 1) and c % 2 == 0, "a 32-bit register holds columns j, j+1 of one row"
+        even, odd = kept[(r - r % 2, c // 4)]
+        pairs[i] = pairs[i] & _sign_bytes(even, odd, _pair_selector(2 * (r % 2) + (c % 4) // 2))
 
 
 def tile_coords(thr_mma, shape, offset):
@@ -230,28 +298,38 @@ def _drop_pairs(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, 
 
 
 class _DroppingSoftmax:
-    """FA4's Softmax with dropout applied right after each online-softmax step: the row sums
-    have already taken the undropped P (dropout does not renormalise), and the P.V product that
-    follows sees P * keep."""
+    """FA4's Softmax with dropout hooked into a per-KV-tile step: `on_scores(acc_S)` right after
+    the online-softmax step (the row sums have already taken the undropped P: dropout does not
+    renormalise), or `on_converted(acc_S)` when the step rescales O, which FA4's steps do after
+    converting P to 16 bits for P.V (and before that product)."""
 
-    def __init__(self, softmax, apply):
-        self._softmax, self._apply = softmax, apply
+    def __init__(self, softmax, on_scores=None, on_converted=None):
+        self._softmax, self._on_scores, self._on_converted = softmax, on_scores, on_converted
+        self._acc_S = None
 
     def __getattr__(self, name):
         return getattr(self._softmax, name)
 
     def online_softmax(self, acc_S, **kwargs):
         row_scale = self._softmax.online_softmax(acc_S, **kwargs)
-        self._apply(acc_S)
+        if self._on_scores is not None:
+            self._on_scores(acc_S)
+        self._acc_S = acc_S
         return row_scale
 
+    def rescale_O(self, acc_O, row_scale):
+        if self._on_converted is not None:
+            assert self._acc_S is not None, "rescale_O before the step's softmax: P is not converted yet"
+            self._on_converted(self._acc_S)
+        return self._softmax.rescale_O(acc_O, row_scale)
 
-def drop_params_of_mma(method, kernel, args, kwargs):
+
+def drop_params_of_mma(method, kernel, args, kwargs, threshold_above_half: bool = False):
     """(DropoutParams, the call's arguments by name) of a call of FA4's `mma` (`method`: the
     forward's or the backward's), from its `aux_data`; both kernels' dropout steps and epilogues
     are traced inside that call, so values loaded here serve all of them."""
     arguments = _signature(method).bind(kernel, *args, **kwargs).arguments
-    return DropoutParams(arguments["aux_data"].tensors[0]), arguments
+    return DropoutParams(arguments["aux_data"].tensors[0], threshold_above_half), arguments
 
 
 @functools.lru_cache(maxsize=None)
@@ -261,22 +339,35 @@ def _signature(method):
 
 class DropoutForwardSm90(FlashAttentionForwardSm90):
     """FA4's sm90 forward with dropout. FA4 computes P inside its per-KV-tile steps and hands
-    them the softmax object; these overrides hand them one that also drops (_DroppingSoftmax).
+    them the softmax object; these overrides hand them one that also drops (_DroppingSoftmax):
+    on the 16-bit P that P.V reads from registers where the step converts it before rescaling O
+    (drop_converted), else on the 32-bit P (the first step of an intra-warpgroup-overlapped tile,
+    and tiles whose P goes through shared memory or whose O is rescaled first).
     The kept P enter P.V unscaled and the output takes the keep scale in the epilogue: one
     multiply per output element instead of one per score.
     The tile's (batch, head, query tile) come from the first step of each tile, whose mask
     function FA4 builds with them (later steps may get none); pack_gqa must be off so that
-    accumulator rows are query positions."""
+    accumulator rows are query positions. `threshold_above_half`: see DropoutParams."""
+
+    # For scripts/gpu_dropout_forward_probe.py: off, every step drops on the 32-bit P (the path
+    # before the converted one); on in the product.
+    DROP_CONVERTED = True
+
+    def __init__(self, *args, threshold_above_half: bool = False, **kwargs):
+        self.threshold_above_half = threshold_above_half
+        super().__init__(*args, **kwargs)
 
     def mma(self, *args, **kwargs):
         # Trace-time state: values traced here dominate every per-tile step traced inside.
-        self._drop, arguments = drop_params_of_mma(FlashAttentionForwardSm90.mma, self, args, kwargs)
+        self._drop, arguments = drop_params_of_mma(FlashAttentionForwardSm90.mma, self, args, kwargs,
+                                                   self.threshold_above_half)
         self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(arguments["tidx"])
         return super().mma(*args, **kwargs)
 
-    def _dropping(self, kwargs):
-        """kwargs of a per-tile step with its softmax replaced by one that also drops. The
-        tile's (batch, head, query tile) are noted from FA4's mask function when the step gets one."""
+    def _dropping(self, kwargs, converted: bool):
+        """kwargs of a per-tile step with its softmax replaced by one that also drops, on the
+        converted P when `converted` and the step reads P from registers. The tile's (batch,
+        head, query tile) are noted from FA4's mask function when the step gets one."""
         mask_fn, n_block = kwargs.get("mask_fn"), kwargs["n_block"]
         if mask_fn is not None:
             kw = mask_fn.keywords
@@ -284,21 +375,26 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         batch, head, m_block = self._tile
         coords_mn = tile_coords(self._thr_mma_qk, (self.tile_m, self.tile_n),
                                 (m_block * self.tile_m, n_block * self.tile_n))
+        if converted and self.DROP_CONVERTED and self.mma_pv_is_rs and not self.rescale_O_before_gemm:
+            tOrP = kwargs["tOrP"]
 
-        def apply(acc_S):
+            def on_converted(acc_S):
+                drop_converted(tOrP, acc_S, coords_mn, head, batch, self._drop)
+            return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], on_converted=on_converted))
+
+        def on_scores(acc_S):
             drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False)
-
-        return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], apply))
+        return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], on_scores=on_scores))
 
     def epilogue(self, acc_O, *args, **kwargs):
         acc_O.store(acc_O.load() * self._drop.scale)
         return super().epilogue(acc_O, *args, **kwargs)
 
     def first_half_block_overlap(self, **kwargs):
-        return super().first_half_block_overlap(**self._dropping(kwargs))
+        return super().first_half_block_overlap(**self._dropping(kwargs, converted=False))
 
     def mma_one_n_block(self, smem_pipe_read, **kwargs):
-        return super().mma_one_n_block(smem_pipe_read, **self._dropping(kwargs))
+        return super().mma_one_n_block(smem_pipe_read, **self._dropping(kwargs, converted=True))
 
     def mma_one_n_block_intrawg_overlap(self, smem_pipe_read, **kwargs):
-        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **self._dropping(kwargs))
+        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **self._dropping(kwargs, converted=True))

@@ -18,6 +18,8 @@ Imported only when the Hopper backend runs: it needs CUDA, `flash-attn-4` and th
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 import cutlass.cute as cute
@@ -36,9 +38,11 @@ _compiled: dict = {}
 
 def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, window_size_left,
              window_size_right, aux):
-    dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, *_layout = key
+    dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, above_half, *_layout = key
     cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
-    kernel_cls = dropout_sm90.DropoutForwardSm90 if dropout else FlashAttentionForwardSm90
+    kernel_cls = FlashAttentionForwardSm90
+    if dropout:
+        kernel_cls = functools.partial(dropout_sm90.DropoutForwardSm90, threshold_above_half=above_half)
     kernel = kernel_cls(
         torch2cute_dtype_map[dtype], head_dim, head_dim, group, is_causal=causal, is_local=local,
         pack_gqa=group > 1 and not dropout, tile_m=cfg.m_block_size, tile_n=cfg.n_block_size,
@@ -85,7 +89,7 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
         return out.zero_(), lse.fill_(float("inf"))
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
-                      window_size_right=window_size_right, softcap=softcap, dropout=dropout, varlen=varlen)
+                      window_size_right=window_size_right, softcap=softcap, dropout_p=dropout_p, varlen=varlen)
     kernel = _compiled.get(key)
     if kernel is None:
         kernel = _compiled[key] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
