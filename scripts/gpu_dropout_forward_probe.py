@@ -2,9 +2,12 @@
 the forward alone, on the same inputs in one process, without dropout and with p = 0.1 under
 each variant of dropout_sm90.DropoutForwardSm90's switches:
 
-  converted   the product: P dropped after its conversion to 16 bits (four draws compared at
-              once, one AND per two scores), except in the first step of a tile;
-  scores      every step drops the 32-bit P (one compare and one select per score).
+  draw-warps  the product: the words drawn by the producer warpgroup's idle warps into shared
+              memory (draw_warps_sm90), P dropped after its conversion to 16 bits (four draws
+              compared at once, one AND per two scores) except in the first step of a tile;
+  converted   the consumers draw their own words (two lanes per Philox call), P dropped as above;
+  scores      the consumers draw, and every step drops the 32-bit P (one compare and one select
+              per score).
 
 Both give the same bits (the mask is the same; tests/test_gpu_dropout.py reads it out). Rounds
 are interleaved (every variant once per round) and the median kept, so a slow moment of the GPU
@@ -32,8 +35,8 @@ from dash_plugin.kernels.hopper import dropout_sm90, fwd_sm90  # noqa: E402
 
 POINTS = [(128, True, 2048), (128, True, 8192), (128, False, 2048), (128, False, 8192),
           (64, True, 8192), (64, False, 2048)]
-_PRODUCT = dict(DROP_CONVERTED=True)
-VARIANTS = {"converted": {}, "scores": dict(DROP_CONVERTED=False)}
+_PRODUCT = dict(DROP_CONVERTED=True, DRAW_WARPS=True)
+VARIANTS = {"draw-warps": {}, "converted": dict(DRAW_WARPS=False), "scores": dict(DROP_CONVERTED=False, DRAW_WARPS=False)}
 
 
 def _point(text):

@@ -31,6 +31,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from quack import layout_utils
 
+from . import draw_warps_sm90
+
 from ..philox import (_KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, GROUP_BITS, PHILOX_ROUNDS, dropout_threshold,
                       four_draws_bias, four_draws_kept)
 
@@ -72,6 +74,12 @@ def _philox(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
+def group_words(query, key, head, batch, key0, key1):
+    """The four Philox words of the group holding score (query, key) under the seed (key0, key1)."""
+    return _philox(Uint32(key) & Uint32(_GROUP_CLEAR), Uint32(query) & Uint32(_GROUP_CLEAR),
+                   Uint32(head), Uint32(batch), key0, key1)
+
+
 # Bits of a word above its top draw: shifting byte b up by 8 * (3 - b) puts it on top, where one
 # unsigned compare with threshold << 24 decides it without isolating it first.
 _TOP_SHIFT = 32 - DROPOUT_BITS
@@ -96,8 +104,7 @@ class DropoutParams:
 
     def group_words(self, query, key, head, batch):
         """The four Philox words of the group holding score (query, key)."""
-        return _philox(Uint32(key) & Uint32(_GROUP_CLEAR), Uint32(query) & Uint32(_GROUP_CLEAR),
-                       Uint32(head), Uint32(batch), self.key0, self.key1)
+        return group_words(query, key, head, batch, self.key0, self.key1)
 
     def kept(self, word, byte):
         """Whether draw `byte` (0-3, known at trace time or not) of `word` keeps its score."""
@@ -167,7 +174,7 @@ def _unit_words(drop, anchors, u, odd, head, batch, rows_are_queries):
     return (own_group_words(drop, anchors[u], odd, head, batch, rows_are_queries),)
 
 
-def _quad_words(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, rows_are_queries: bool):
+def quad_words(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, rows_are_queries: bool):
     """{(r, qd): (word 0, word 1)} at trace time: this thread's two words of the group holding
     row pair (r, r + 1) and column quad qd of `acc_mn` (the accumulator's (rows, cols) view). A
     thread's row pair is rows x, x+8 and its column quad columns y, y+1, y+8, y+9: half a group,
@@ -189,10 +196,9 @@ def _quad_words(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, 
 
 
 @cute.jit
-def _drop_quads(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop,
-                rows_are_queries: cutlass.Constexpr[bool], negate: cutlass.Constexpr[bool]):
-    """Dropped entries of `acc_mn` -> 0, or -P with `negate` (which words and bytes: _quad_words)."""
-    words = _quad_words(acc_mn, coords_mn, head, batch, drop, rows_are_queries)
+def _drop_quads(acc_mn: cute.Tensor, words, drop, rows_are_queries: cutlass.Constexpr[bool],
+                negate: cutlass.Constexpr[bool]):
+    """Dropped entries of `acc_mn` -> 0, or -P with `negate` (`words` and their bytes: quad_words)."""
     for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
         for qd in cutlass.range_constexpr(cute.size(acc_mn, mode=[1]) // 4):
             for dr in cutlass.range_constexpr(2):
@@ -232,16 +238,13 @@ def _mn_places(acc: cute.Tensor) -> list:
     return [place[cute.crd2idx(k, frg)] for k in range(cute.size(frg))]
 
 
-def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
+def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, words: dict, drop):
     """Dropout on the forward's P after its conversion to 16 bits (`tOrP`, converted from `acc`,
-    rows = queries): dropped entries -> 0. A converted pair (i, j), (i, j+1) is one 32-bit
+    rows = queries; `words` as quad_words gives them): dropped entries -> 0. A converted pair (i, j), (i, j+1) is one 32-bit
     register, and its two draws sit at the same byte of the thread's two words of their group
     (column parity 0 and 1), so kept_draws compares four draws at once, one PRMT spreads the two
     verdicts over the pair's halves and one AND applies them: 1.75 instructions a score where
     the 32-bit path (_drop_quads) takes 2.75."""
-    acc_mn = layout_utils.reshape_acc_to_mn(acc)
-    assert cute.size(acc_mn, mode=[1]) % 4 == 0, "the converted path needs whole column quads"
-    words = _quad_words(acc_mn, coords_mn, head, batch, drop, rows_are_queries=True)
     kept = {unit: (drop.kept_draws(w[0]), drop.kept_draws(w[1])) for unit, w in words.items()}
     places = _mn_places(acc)
     pairs = cute.recast_tensor(tOrP, Uint32)
@@ -259,16 +262,19 @@ def tile_coords(thr_mma, shape, offset):
     return layout_utils.reshape_acc_to_mn(thr_mma.partition_C(coords))
 
 
-def drop_scores(acc, coords_mn, head, batch, drop, *, rows_are_queries: bool, negate: bool):
+def drop_scores(acc, coords_mn, head, batch, drop, *, rows_are_queries: bool, negate: bool, words=None):
     """Dropout on accumulator `acc` in place: dropped P -> 0 (the forward, whose keep scale the
     epilogue applies), or -P with `negate` (the backward's marking: the sign carries the mask to
     the dS step, so no mask registers are held across the dP product, and the gradients take the
     keep scale after the products). `rows_are_queries`: S (the forward, the hdim 192/256
     backwards) or S^T (the backwards up to hdim 128). A thread whose columns are whole quads holds
-    half groups; otherwise (hdim 256's backward, 24 keys per warpgroup) the units are column pairs."""
+    half groups; otherwise (hdim 256's backward, 24 keys per warpgroup) the units are column pairs.
+    `words`: the quads' words drawn already (quad_words' form); None: drawn here."""
     acc_mn = layout_utils.reshape_acc_to_mn(acc)
     if cute.size(acc_mn, mode=[1]) % 4 == 0:
-        _drop_quads(acc_mn, coords_mn, head, batch, drop, rows_are_queries, negate)
+        if words is None:
+            words = quad_words(acc_mn, coords_mn, head, batch, drop, rows_are_queries)
+        _drop_quads(acc_mn, words, drop, rows_are_queries, negate)
     else:
         assert rows_are_queries, "column pairs are drawn in the forward's orientation only"
         _drop_pairs(acc_mn, coords_mn, head, batch, drop, negate)
@@ -342,32 +348,71 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
     them the softmax object; these overrides hand them one that also drops (_DroppingSoftmax):
     on the 16-bit P that P.V reads from registers where the step converts it before rescaling O
     (drop_converted), else on the 32-bit P (the first step of an intra-warpgroup-overlapped tile,
-    and tiles whose P goes through shared memory or whose O is rescaled first).
+    and tiles whose P goes through shared memory or whose O is rescaled first). The words come
+    from the producer warpgroup's idle warps through shared memory (draw_warps_sm90), so the
+    consumers only apply them.
     The kept P enter P.V unscaled and the output takes the keep scale in the epilogue: one
     multiply per output element instead of one per score.
     The tile's (batch, head, query tile) come from the first step of each tile, whose mask
     function FA4 builds with them (later steps may get none); pack_gqa must be off so that
     accumulator rows are query positions. `threshold_above_half`: see DropoutParams."""
 
-    # For scripts/gpu_dropout_forward_probe.py: off, every step drops on the 32-bit P (the path
-    # before the converted one); on in the product.
-    DROP_CONVERTED = True
+    # For scripts/gpu_dropout_forward_probe.py; both on in the product.
+    DROP_CONVERTED = True   # off: every step drops the 32-bit P
+    DRAW_WARPS = True       # off: the consumers draw their words themselves (two lanes per Philox call)
 
     def __init__(self, *args, threshold_above_half: bool = False, **kwargs):
         self.threshold_above_half = threshold_above_half
         super().__init__(*args, **kwargs)
 
+    def _get_shared_storage_cls(self):
+        """FA4's shared storage, with the draw ring where it fits beside the tiles (not at hdim
+        192 and 256, whose K/V stages fill shared memory: their consumers draw their own words)."""
+        struct = super()._get_shared_storage_cls()
+        self.draw_warps = False
+        if self.DRAW_WARPS:
+            with_ring = draw_warps_sm90.with_ring(struct, draw_warps_sm90.ring_fields(
+                self.tile_n, self.num_mma_threads, self.num_stages))
+            if with_ring.__sizeof__() <= draw_warps_sm90.SHARED_MEMORY_BYTES:
+                struct, self.draw_warps = with_ring, True
+        self._storage_cls = struct
+        return struct
+
+    def _ring(self, sQ):
+        return draw_warps_sm90.DrawRing(draw_warps_sm90.storage_of(self._storage_cls, sQ), self.tile_m, self.tile_n,
+                                        self.num_mma_threads, self.num_stages)
+
+    @cute.jit
+    def load(self, *args):
+        """FA4's loader in warp 0 of the producer warpgroup; with the draw ring, warps 1-3 draw."""
+        if const_expr(not self.draw_warps):
+            FlashAttentionForwardSm90.load(self, *args)
+        else:
+            arguments = _signature(FlashAttentionForwardSm90.load).bind(self, *args).arguments
+            warp_in_group = cute.arch.make_warp_uniform(cute.arch.warp_idx()) % 4
+            if warp_in_group == 0:
+                FlashAttentionForwardSm90.load(self, *args)
+            else:
+                self._ring(arguments["sQ"]).generate(group_words, arguments["block_info"],
+                                                     arguments["SeqlenInfoCls"], arguments["TileSchedulerCls"])
+
     def mma(self, *args, **kwargs):
         # Trace-time state: values traced here dominate every per-tile step traced inside.
         self._drop, arguments = drop_params_of_mma(FlashAttentionForwardSm90.mma, self, args, kwargs,
                                                    self.threshold_above_half)
-        self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(arguments["tidx"])
+        self._tidx = arguments["tidx"]
+        self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(self._tidx)
+        self._draws = None
+        if self.draw_warps:
+            self._draws = self._ring(arguments["sQ"])
+            self._draws.set_up(self._tidx, self._drop)
         return super().mma(*args, **kwargs)
 
-    def _dropping(self, kwargs, converted: bool):
+    def _dropping(self, kwargs, k_state, converted: bool):
         """kwargs of a per-tile step with its softmax replaced by one that also drops, on the
-        converted P when `converted` and the step reads P from registers. The tile's (batch,
-        head, query tile) are noted from FA4's mask function when the step gets one."""
+        converted P when `converted` and the step reads P from registers. `k_state`: the step's
+        K pipeline state, whose stage and phase are the draw ring's. The tile's (batch, head,
+        query tile) are noted from FA4's mask function when the step gets one."""
         mask_fn, n_block = kwargs.get("mask_fn"), kwargs["n_block"]
         if mask_fn is not None:
             kw = mask_fn.keywords
@@ -375,15 +420,22 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         batch, head, m_block = self._tile
         coords_mn = tile_coords(self._thr_mma_qk, (self.tile_m, self.tile_n),
                                 (m_block * self.tile_m, n_block * self.tile_n))
+
+        def words_of(acc_S):
+            if self._draws is not None:
+                return self._draws.read(self._tidx, k_state)
+            return quad_words(layout_utils.reshape_acc_to_mn(acc_S), coords_mn, head, batch, self._drop, True)
+
         if converted and self.DROP_CONVERTED and self.mma_pv_is_rs and not self.rescale_O_before_gemm:
             tOrP = kwargs["tOrP"]
 
             def on_converted(acc_S):
-                drop_converted(tOrP, acc_S, coords_mn, head, batch, self._drop)
+                drop_converted(tOrP, acc_S, words_of(acc_S), self._drop)
             return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], on_converted=on_converted))
 
         def on_scores(acc_S):
-            drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False)
+            drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False,
+                        words=words_of(acc_S))
         return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], on_scores=on_scores))
 
     def epilogue(self, acc_O, *args, **kwargs):
@@ -391,10 +443,12 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         return super().epilogue(acc_O, *args, **kwargs)
 
     def first_half_block_overlap(self, **kwargs):
-        return super().first_half_block_overlap(**self._dropping(kwargs, converted=False))
+        return super().first_half_block_overlap(**self._dropping(kwargs, kwargs["kv_consumer_state"], converted=False))
 
     def mma_one_n_block(self, smem_pipe_read, **kwargs):
-        return super().mma_one_n_block(smem_pipe_read, **self._dropping(kwargs, converted=True))
+        return super().mma_one_n_block(smem_pipe_read, **self._dropping(kwargs, smem_pipe_read, converted=True))
 
     def mma_one_n_block_intrawg_overlap(self, smem_pipe_read, **kwargs):
-        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **self._dropping(kwargs, converted=True))
+        k_state = smem_pipe_read.clone()   # the step loads K into the stage after the one it is handed
+        k_state.advance()
+        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **self._dropping(kwargs, k_state, converted=True))
