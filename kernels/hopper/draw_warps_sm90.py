@@ -64,8 +64,8 @@ class DrawRing:
     """The ring seen from one thread: its barriers, keys and words, from the kernel's shared
     storage (located through a field FA4 hands both sides: see `storage_of`)."""
 
-    def __init__(self, storage, tile_m: int, tile_n: int, consumer_threads: int, stages: int):
-        self.tile_m, self.tile_n = tile_m, tile_n
+    def __init__(self, storage, tile_m: int, tile_n: int, consumer_threads: int, stages: int, unroll: int = 2):
+        self.tile_m, self.tile_n, self.unroll = tile_m, tile_n, unroll
         self.threads, self.stages = consumer_threads, stages
         self.quads = quads_per_thread(tile_n)
         words = _padded_words(tile_n)
@@ -141,21 +141,25 @@ class DrawRing:
     @cute.jit
     def _draw_stage(self, drop_words, index, m_block, n_block, head, batch, gtid, key0, key1):
         """One stage: every group of the tile (query tile m_block, KV block n_block), split over
-        the generator threads. Group g: consumer warp w = g // (16 Q) holds rows 16w + {0..15};
-        its lane pair (8r + c, 8r + c + 4) rows 16w + 2r + {0, 1, 8, 9}, and quad q of both columns
-        16q + 2c + {0, 1, 8, 9}: anchors 16w + 2r and 16q + 2c (bits 0 and 3 clear, as the
-        mask's counters take them)."""
-        quads, words = self.quads, self.words
-        first_query, first_key = m_block * self.tile_m, n_block * self.tile_n
-        for g in cutlass.range(gtid, (self.threads // 32) * 16 * quads, GENERATOR_THREADS, unroll=1):
+        the generator threads (the loop unrolled `unroll` times: independent Philox chains for
+        the scheduler to interleave). Group g: quad q = g % Q of lane pair p = (g // Q) % 16 of
+        consumer warp w = g // 16Q. Warp w holds rows 16w + {0..15}; its lanes 8r + c and
+        8r + c + 4 (p = 4r + c) rows 16w + 2r + {0, 1, 8, 9}, and quad q of both columns
+        16q + 2c + {0, 1, 8, 9}: anchors 16w + 2r and 16q + 2c (bits 0 and 3 clear, as the mask's
+        counters take them). Unsigned arithmetic: the divisions by powers of two are shifts."""
+        quads, words = Uint32(self.quads), self.words
+        first_query, first_key = Uint32(m_block * self.tile_m), Uint32(n_block * self.tile_n)
+        groups = (self.threads // 32) * 16 * self.quads
+        for gi in cutlass.range(gtid, groups, GENERATOR_THREADS, unroll=self.unroll):
+            g = Uint32(gi)
             quad = g % quads
-            lane_pair = (g // quads) % 16
-            warp = g // (quads * 16)
-            row, col = lane_pair // 4, lane_pair % 4
-            w = drop_words(first_query + warp * 16 + 2 * row, first_key + quad * 16 + 2 * col, head, batch,
-                           key0, key1)
-            even = warp * 32 + 8 * row + col     # the thread of the even rows; lane + 4 the odd
-            slot, load = (2 * quad) % 4, (2 * quad) // 4
+            pair = (g // quads) % Uint32(16)
+            warp = g // (quads * Uint32(16))
+            row, col = pair // Uint32(4), pair % Uint32(4)
+            w = drop_words(first_query + warp * Uint32(16) + Uint32(2) * row,
+                           first_key + quad * Uint32(16) + Uint32(2) * col, head, batch, key0, key1)
+            even = Int32(warp * Uint32(32) + Uint32(8) * row + col)   # lane + 4 holds the odd rows
+            slot, load = Int32((Uint32(2) * quad) % Uint32(4)), Int32(quad // Uint32(2))
             words[slot, even, load, index] = w[0]
             words[slot + 1, even, load, index] = w[1]
             words[slot, even + 4, load, index] = w[2]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 
 import torch
 
@@ -360,6 +361,8 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
     # For scripts/gpu_dropout_forward_probe.py; both on in the product.
     DROP_CONVERTED = True   # off: every step drops the 32-bit P
     DRAW_WARPS = True       # off: the consumers draw their words themselves (two lanes per Philox call)
+    GENERATOR_UNROLL = 2    # Philox chains a generator thread interleaves
+    GENERATOR_REGISTERS = 0  # registers per producer thread moved from the consumers (8: 32 / 232 at two warpgroups)
 
     def __init__(self, *args, threshold_above_half: bool = False, **kwargs):
         self.threshold_above_half = threshold_above_half
@@ -380,7 +383,28 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
 
     def _ring(self, sQ):
         return draw_warps_sm90.DrawRing(draw_warps_sm90.storage_of(self._storage_cls, sQ), self.tile_m, self.tile_n,
-                                        self.num_mma_threads, self.num_stages)
+                                        self.num_mma_threads, self.num_stages, self.GENERATOR_UNROLL)
+
+    # FA4's __call__ sets the register split of the producer and consumer warpgroups; with the
+    # draw ring, GENERATOR_REGISTERS moves some from the consumers to the producers (read when
+    # the kernel is traced, after the shared storage decided on the ring).
+    @property
+    def num_producer_regs(self):
+        return self._producer_regs + (self.GENERATOR_REGISTERS if getattr(self, "draw_warps", False) else 0)
+
+    @num_producer_regs.setter
+    def num_producer_regs(self, value):
+        self._producer_regs = value
+
+    @property
+    def num_mma_regs(self):
+        moved = self.GENERATOR_REGISTERS if getattr(self, "draw_warps", False) else 0
+        per_consumer = moved * 128 / self.num_mma_threads   # what each consumer thread gives up
+        return self._mma_regs - 8 * math.ceil(per_consumer / 8)   # setmaxnreg takes multiples of 8
+
+    @num_mma_regs.setter
+    def num_mma_regs(self, value):
+        self._mma_regs = value
 
     @cute.jit
     def load(self, *args):
