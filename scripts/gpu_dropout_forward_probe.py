@@ -2,12 +2,12 @@
 the forward alone, on the same inputs in one process, without dropout and with p = 0.1 under
 each variant of dropout_sm90.DropoutForwardSm90's switches:
 
-  draw-warps  the product: the words drawn by the producer warpgroup's idle warps into shared
-              memory (draw_warps_sm90), P dropped after its conversion to 16 bits (four draws
-              compared at once, one AND per two scores) except in the first step of a tile;
-  converted   the consumers draw their own words (two lanes per Philox call), P dropped as above;
-  scores      the consumers draw, and every step drops the 32-bit P (one compare and one select
-              per score).
+  converted   the product: P dropped after its conversion to 16 bits (four draws compared at
+              once, one AND per two scores), except in the first step of a tile;
+  scores      every step drops the 32-bit P (one compare and one select per score).
+
+(Commit 476deaa had a third, `draw-warps`: the words drawn by the producer warpgroup's three
+idle warps into shared memory; slower, removed: docs/benchmarks/dropout-forward-2026-11-24-h100/.)
 
 All give the same bits (checked here: each variant's output against the first's) (the mask is the same; tests/test_gpu_dropout.py reads it out). Rounds
 are interleaved (every variant once per round) and the median kept, so a slow moment of the GPU
@@ -34,10 +34,8 @@ from dash_plugin.bench.protocol import random_inputs  # noqa: E402
 from dash_plugin.kernels.hopper import dropout_sm90, fwd_sm90  # noqa: E402
 
 POINTS = [(128, True, 2048), (128, True, 8192), (128, False, 2048), (64, True, 8192)]
-_PRODUCT = dict(DROP_CONVERTED=True, DRAW_WARPS=True, GENERATOR_UNROLL=2, GENERATOR_REGISTERS=0)
-VARIANTS = {"draw-warps": {}, "draw-warps-unroll1": dict(GENERATOR_UNROLL=1),
-            "draw-warps-32regs-unroll4": dict(GENERATOR_REGISTERS=8, GENERATOR_UNROLL=4),
-            "converted": dict(DRAW_WARPS=False), "scores": dict(DROP_CONVERTED=False, DRAW_WARPS=False)}
+_PRODUCT = dict(DROP_CONVERTED=True)
+VARIANTS = {"converted": {}, "scores": dict(DROP_CONVERTED=False)}
 
 
 def _point(text):
@@ -80,7 +78,7 @@ def main(out_dir, points, rounds):
                 times[point][variant].append(triton.testing.do_bench(call, warmup=25, rep=100))
                 print(f"  {variant} {point}: {times[point][variant][-1]:.3f} ms", flush=True)
         print(f"round {r + 1}/{rounds} done", flush=True)
-    _set_switches("draw-warps", {})
+    _set_switches("converted", {})
     results = {}
     for (hd, causal, s), row in times.items():
         ms = {v: statistics.median(t) for v, t in row.items()}

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 
 import torch
 
@@ -31,8 +30,6 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 from quack import layout_utils
-
-from . import draw_warps_sm90
 
 from ..philox import (_KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, GROUP_BITS, PHILOX_ROUNDS, dropout_threshold,
                       four_draws_bias, four_draws_kept)
@@ -75,12 +72,6 @@ def _philox(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
-def group_words(query, key, head, batch, key0, key1):
-    """The four Philox words of the group holding score (query, key) under the seed (key0, key1)."""
-    return _philox(Uint32(key) & Uint32(_GROUP_CLEAR), Uint32(query) & Uint32(_GROUP_CLEAR),
-                   Uint32(head), Uint32(batch), key0, key1)
-
-
 # Bits of a word above its top draw: shifting byte b up by 8 * (3 - b) puts it on top, where one
 # unsigned compare with threshold << 24 decides it without isolating it first.
 _TOP_SHIFT = 32 - DROPOUT_BITS
@@ -105,7 +96,8 @@ class DropoutParams:
 
     def group_words(self, query, key, head, batch):
         """The four Philox words of the group holding score (query, key)."""
-        return group_words(query, key, head, batch, self.key0, self.key1)
+        return _philox(Uint32(key) & Uint32(_GROUP_CLEAR), Uint32(query) & Uint32(_GROUP_CLEAR),
+                       Uint32(head), Uint32(batch), self.key0, self.key1)
 
     def kept(self, word, byte):
         """Whether draw `byte` (0-3, known at trace time or not) of `word` keeps its score."""
@@ -349,94 +341,32 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
     them the softmax object; these overrides hand them one that also drops (_DroppingSoftmax):
     on the 16-bit P that P.V reads from registers where the step converts it before rescaling O
     (drop_converted), else on the 32-bit P (the first step of an intra-warpgroup-overlapped tile,
-    and tiles whose P goes through shared memory or whose O is rescaled first). The words come
-    from the producer warpgroup's idle warps through shared memory (draw_warps_sm90), so the
-    consumers only apply them.
+    and tiles whose P goes through shared memory or whose O is rescaled first).
     The kept P enter P.V unscaled and the output takes the keep scale in the epilogue: one
     multiply per output element instead of one per score.
     The tile's (batch, head, query tile) come from the first step of each tile, whose mask
     function FA4 builds with them (later steps may get none); pack_gqa must be off so that
     accumulator rows are query positions. `threshold_above_half`: see DropoutParams."""
 
-    # For scripts/gpu_dropout_forward_probe.py; both on in the product.
-    DROP_CONVERTED = True   # off: every step drops the 32-bit P
-    DRAW_WARPS = True       # off: the consumers draw their words themselves (two lanes per Philox call)
-    GENERATOR_UNROLL = 2    # Philox chains a generator thread interleaves
-    GENERATOR_REGISTERS = 0  # registers per producer thread moved from the consumers (8: 32 / 232 at two warpgroups)
+    # For scripts/gpu_dropout_forward_probe.py: off, every step drops the 32-bit P (the path
+    # before the converted one); on in the product.
+    DROP_CONVERTED = True
 
     def __init__(self, *args, threshold_above_half: bool = False, **kwargs):
         self.threshold_above_half = threshold_above_half
         super().__init__(*args, **kwargs)
 
-    def _get_shared_storage_cls(self):
-        """FA4's shared storage, with the draw ring where it fits beside the tiles (not at hdim
-        192 and 256, whose K/V stages fill shared memory: their consumers draw their own words)."""
-        struct = super()._get_shared_storage_cls()
-        self.draw_warps = False
-        if self.DRAW_WARPS:
-            with_ring = draw_warps_sm90.with_ring(struct, draw_warps_sm90.ring_fields(
-                self.tile_n, self.num_mma_threads, self.num_stages))
-            if with_ring.__sizeof__() <= draw_warps_sm90.SHARED_MEMORY_BYTES:
-                struct, self.draw_warps = with_ring, True
-        self._storage_cls = struct
-        return struct
-
-    def _ring(self, sQ):
-        return draw_warps_sm90.DrawRing(draw_warps_sm90.storage_of(self._storage_cls, sQ), self.tile_m, self.tile_n,
-                                        self.num_mma_threads, self.num_stages, self.GENERATOR_UNROLL)
-
-    # FA4's __call__ sets the register split of the producer and consumer warpgroups; with the
-    # draw ring, GENERATOR_REGISTERS moves some from the consumers to the producers (read when
-    # the kernel is traced, after the shared storage decided on the ring).
-    @property
-    def num_producer_regs(self):
-        return self._producer_regs + (self.GENERATOR_REGISTERS if getattr(self, "draw_warps", False) else 0)
-
-    @num_producer_regs.setter
-    def num_producer_regs(self, value):
-        self._producer_regs = value
-
-    @property
-    def num_mma_regs(self):
-        moved = self.GENERATOR_REGISTERS if getattr(self, "draw_warps", False) else 0
-        per_consumer = moved * 128 / self.num_mma_threads   # what each consumer thread gives up
-        return self._mma_regs - 8 * math.ceil(per_consumer / 8)   # setmaxnreg takes multiples of 8
-
-    @num_mma_regs.setter
-    def num_mma_regs(self, value):
-        self._mma_regs = value
-
-    @cute.jit
-    def load(self, *args):
-        """FA4's loader in warp 0 of the producer warpgroup; with the draw ring, warps 1-3 draw."""
-        if const_expr(not self.draw_warps):
-            FlashAttentionForwardSm90.load(self, *args)
-        else:
-            arguments = _signature(FlashAttentionForwardSm90.load).bind(self, *args).arguments
-            warp_in_group = cute.arch.make_warp_uniform(cute.arch.warp_idx()) % 4
-            if warp_in_group == 0:
-                FlashAttentionForwardSm90.load(self, *args)
-            else:
-                self._ring(arguments["sQ"]).generate(group_words, arguments["block_info"],
-                                                     arguments["SeqlenInfoCls"], arguments["TileSchedulerCls"])
-
     def mma(self, *args, **kwargs):
         # Trace-time state: values traced here dominate every per-tile step traced inside.
         self._drop, arguments = drop_params_of_mma(FlashAttentionForwardSm90.mma, self, args, kwargs,
                                                    self.threshold_above_half)
-        self._tidx = arguments["tidx"]
-        self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(self._tidx)
-        self._draws = None
-        if self.draw_warps:
-            self._draws = self._ring(arguments["sQ"])
-            self._draws.set_up(self._tidx, self._drop)
+        self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(arguments["tidx"])
         return super().mma(*args, **kwargs)
 
-    def _dropping(self, kwargs, k_state, converted: bool):
+    def _dropping(self, kwargs, converted: bool):
         """kwargs of a per-tile step with its softmax replaced by one that also drops, on the
-        converted P when `converted` and the step reads P from registers. `k_state`: the step's
-        K pipeline state, whose stage and phase are the draw ring's. The tile's (batch, head,
-        query tile) are noted from FA4's mask function when the step gets one."""
+        converted P when `converted` and the step reads P from registers. The tile's (batch,
+        head, query tile) are noted from FA4's mask function when the step gets one."""
         mask_fn, n_block = kwargs.get("mask_fn"), kwargs["n_block"]
         if mask_fn is not None:
             kw = mask_fn.keywords
@@ -444,22 +374,16 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         batch, head, m_block = self._tile
         coords_mn = tile_coords(self._thr_mma_qk, (self.tile_m, self.tile_n),
                                 (m_block * self.tile_m, n_block * self.tile_n))
-
-        def words_of(acc_S):
-            if self._draws is not None:
-                return self._draws.read(self._tidx, k_state)
-            return quad_words(layout_utils.reshape_acc_to_mn(acc_S), coords_mn, head, batch, self._drop, True)
-
         if converted and self.DROP_CONVERTED and self.mma_pv_is_rs and not self.rescale_O_before_gemm:
             tOrP = kwargs["tOrP"]
 
             def on_converted(acc_S):
-                drop_converted(tOrP, acc_S, words_of(acc_S), self._drop)
+                words = quad_words(layout_utils.reshape_acc_to_mn(acc_S), coords_mn, head, batch, self._drop, True)
+                drop_converted(tOrP, acc_S, words, self._drop)
             return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], on_converted=on_converted))
 
         def on_scores(acc_S):
-            drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False,
-                        words=words_of(acc_S))
+            drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False)
         return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], on_scores=on_scores))
 
     def epilogue(self, acc_O, *args, **kwargs):
@@ -467,12 +391,10 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         return super().epilogue(acc_O, *args, **kwargs)
 
     def first_half_block_overlap(self, **kwargs):
-        return super().first_half_block_overlap(**self._dropping(kwargs, kwargs["kv_consumer_state"], converted=False))
+        return super().first_half_block_overlap(**self._dropping(kwargs, converted=False))
 
     def mma_one_n_block(self, smem_pipe_read, **kwargs):
-        return super().mma_one_n_block(smem_pipe_read, **self._dropping(kwargs, smem_pipe_read, converted=True))
+        return super().mma_one_n_block(smem_pipe_read, **self._dropping(kwargs, converted=True))
 
     def mma_one_n_block_intrawg_overlap(self, smem_pipe_read, **kwargs):
-        k_state = smem_pipe_read.clone()   # the step loads K into the stage after the one it is handed
-        k_state.advance()
-        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **self._dropping(kwargs, k_state, converted=True))
+        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **self._dropping(kwargs, converted=True))
