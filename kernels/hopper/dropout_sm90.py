@@ -168,15 +168,15 @@ def _unit_words(drop, anchors, u, odd, head, batch, rows_are_queries):
 
 
 def quad_words(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, rows_are_queries: bool):
-    """{(r, qd): (word 0, word 1)} at trace time: this thread's two words of the group holding
-    row pair (r, r + 1) and column quad qd of `acc_mn` (the accumulator's (rows, cols) view). A
-    thread's row pair is rows x, x+8 and its column quad columns y, y+1, y+8, y+9: half a group,
-    the partner lane (lane ^ 4) holding rows x+1, x+9. Entry (r + dr, 4 qd + q) is word q % 2 of
-    the two, byte 2*bit3(query) + bit3(key): 2*dr + q // 2 with rows = queries, 2 * (q // 2) + dr
-    with rows = keys."""
+    """((r, qd), (word 0, word 1)) at trace time, in drawing order: this thread's two words of the
+    group holding row pair (r, r + 1) and column quad qd of `acc_mn` (the accumulator's (rows,
+    cols) view). A thread's row pair is rows x, x+8 and its column quad columns y, y+1, y+8, y+9:
+    half a group, the partner lane (lane ^ 4) holding rows x+1, x+9. Entry (r + dr, 4 qd + q) is
+    word q % 2 of the two, byte 2*bit3(query) + bit3(key): 2*dr + q // 2 with rows = queries,
+    2 * (q // 2) + dr with rows = keys. A generator, so that a caller may apply each quad's mask
+    as soon as its words are drawn."""
     quads = cute.size(acc_mn, mode=[1]) // 4
     odd = odd_row(coords_mn)
-    words = {}
     for r in range(0, cute.size(acc_mn, mode=[0]), 2):
         if rows_are_queries:
             anchors = [coords_mn[r, 4 * qd] for qd in range(quads)]
@@ -184,22 +184,19 @@ def quad_words(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, r
             anchors = [(coords_mn[r, 4 * qd][1], coords_mn[r, 4 * qd][0]) for qd in range(quads)]   # (query, key)
         for qa in range(0, quads, 2):
             for k, unit in enumerate(_unit_words(drop, anchors, qa, odd, head, batch, rows_are_queries)):
-                words[(r, qa + k)] = unit
-    return words
+                yield (r, qa + k), unit
 
 
-@cute.jit
-def _drop_quads(acc_mn: cute.Tensor, words, drop, rows_are_queries: cutlass.Constexpr[bool],
-                negate: cutlass.Constexpr[bool]):
-    """Dropped entries of `acc_mn` -> 0, or -P with `negate` (`words` and their bytes: quad_words)."""
-    for r in cutlass.range_constexpr(0, cute.size(acc_mn, mode=[0]), 2):
-        for qd in cutlass.range_constexpr(cute.size(acc_mn, mode=[1]) // 4):
-            for dr in cutlass.range_constexpr(2):
-                for q in cutlass.range_constexpr(4):
-                    byte = 2 * dr + q // 2 if const_expr(rows_are_queries) else 2 * (q // 2) + dr
-                    x = acc_mn[r + dr, 4 * qd + q]
-                    dropped = -x if const_expr(negate) else Float32(0.0)
-                    acc_mn[r + dr, 4 * qd + q] = x if drop.kept(words[(r, qd)][q % 2], byte) else dropped
+def _drop_quads(acc_mn: cute.Tensor, words, drop, rows_are_queries: bool, negate: bool):
+    """Dropped entries of `acc_mn` -> 0, or -P with `negate`, each quad as soon as its words come
+    (`words` and their bytes: quad_words)."""
+    for (r, qd), unit in words:
+        for dr in range(2):
+            for q in range(4):
+                byte = 2 * dr + q // 2 if rows_are_queries else 2 * (q // 2) + dr
+                x = acc_mn[r + dr, 4 * qd + q]
+                dropped = -x if negate else Float32(0.0)
+                acc_mn[r + dr, 4 * qd + q] = cutlass.select_(drop.kept(unit[q % 2], byte), x, dropped)
 
 
 def _pair_selector(byte: int) -> int:
@@ -231,14 +228,14 @@ def _mn_places(acc: cute.Tensor) -> list:
     return [place[cute.crd2idx(k, frg)] for k in range(cute.size(frg))]
 
 
-def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, words: dict, drop):
+def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, words, drop):
     """Dropout on the forward's P after its conversion to 16 bits (`tOrP`, converted from `acc`,
     rows = queries; `words` as quad_words gives them): dropped entries -> 0. A converted pair (i, j), (i, j+1) is one 32-bit
     register, and its two draws sit at the same byte of the thread's two words of their group
     (column parity 0 and 1), so kept_draws compares four draws at once, one PRMT spreads the two
     verdicts over the pair's halves and one AND applies them: 1.75 instructions a score where
     the 32-bit path (_drop_quads) takes 2.75."""
-    kept = {unit: (drop.kept_draws(w[0]), drop.kept_draws(w[1])) for unit, w in words.items()}
+    kept = {place: (drop.kept_draws(w[0]), drop.kept_draws(w[1])) for place, w in words}
     places = _mn_places(acc)
     pairs = cute.recast_tensor(tOrP, Uint32)
     for i in range(cute.size(pairs)):
@@ -255,19 +252,17 @@ def tile_coords(thr_mma, shape, offset):
     return layout_utils.reshape_acc_to_mn(thr_mma.partition_C(coords))
 
 
-def drop_scores(acc, coords_mn, head, batch, drop, *, rows_are_queries: bool, negate: bool, words=None):
+def drop_scores(acc, coords_mn, head, batch, drop, *, rows_are_queries: bool, negate: bool):
     """Dropout on accumulator `acc` in place: dropped P -> 0 (the forward, whose keep scale the
     epilogue applies), or -P with `negate` (the backward's marking: the sign carries the mask to
     the dS step, so no mask registers are held across the dP product, and the gradients take the
     keep scale after the products). `rows_are_queries`: S (the forward, the hdim 192/256
     backwards) or S^T (the backwards up to hdim 128). A thread whose columns are whole quads holds
-    half groups; otherwise (hdim 256's backward, 24 keys per warpgroup) the units are column pairs.
-    `words`: the quads' words drawn already (quad_words' form); None: drawn here."""
+    half groups; otherwise (hdim 256's backward, 24 keys per warpgroup) the units are column pairs."""
     acc_mn = layout_utils.reshape_acc_to_mn(acc)
     if cute.size(acc_mn, mode=[1]) % 4 == 0:
-        if words is None:
-            words = quad_words(acc_mn, coords_mn, head, batch, drop, rows_are_queries)
-        _drop_quads(acc_mn, words, drop, rows_are_queries, negate)
+        _drop_quads(acc_mn, quad_words(acc_mn, coords_mn, head, batch, drop, rows_are_queries), drop,
+                    rows_are_queries, negate)
     else:
         assert rows_are_queries, "column pairs are drawn in the forward's orientation only"
         _drop_pairs(acc_mn, coords_mn, head, batch, drop, negate)
