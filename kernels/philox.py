@@ -110,7 +110,8 @@ def four_draws_bias(threshold, above_half: bool):
     A draw x is kept iff x >= t. Up to one half (t <= 128): iff bit 7 of x is set or its low seven
     bits reach t, i.e. (x & 0x7f) + (128 - t) >= 128. Above (t > 128): iff bit 7 is set and the low
     seven bits reach t - 128, i.e. (x & 0x7f) + (256 - t) >= 128."""
-    return ((256 if above_half else 128) - threshold) * _EVERY_BYTE
+    full = 1 << DROPOUT_BITS
+    return ((full if above_half else full // 2) - threshold) * _EVERY_BYTE
 
 
 def four_draws_kept(word, bias, above_half: bool):

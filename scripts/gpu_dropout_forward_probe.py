@@ -57,13 +57,14 @@ def _set_switches(variant, switches):
     fwd_sm90._compiled = _COMPILED.setdefault(variant, {})
 
 
-def main(out_dir, points, rounds):
+def main(out_dir, points, rounds, variants=None):
+    variants = {v: VARIANTS[v] for v in (variants or VARIANTS)}
     os.makedirs(out_dir, exist_ok=True)
-    times = {p: {v: [] for v in ("without", *VARIANTS)} for p in points}
+    times = {p: {v: [] for v in ("without", *variants)} for p in points}
     inputs = {p: random_inputs(p[0], p[2], 3) for p in points}
     outputs, mismatched = {}, {p: set() for p in points}
     for r in range(rounds):
-        for variant, switches in {"without": {}, **VARIANTS}.items():
+        for variant, switches in {"without": {}, **variants}.items():
             _set_switches(variant, switches)
             p_drop = 0.0 if variant == "without" else 0.1
             for point in points:
@@ -84,10 +85,10 @@ def main(out_dir, points, rounds):
         ms = {v: statistics.median(t) for v, t in row.items()}
         name = f"hdim{hd} {'causal' if causal else 'full'} {s}"
         results[name] = dict(ms={v: round(t, 4) for v, t in ms.items()},
-                             cost={v: round(ms[v] / ms["without"], 3) for v in VARIANTS},
+                             cost={v: round(ms[v] / ms["without"], 3) for v in variants},
                              bits_differ=sorted(mismatched[(hd, causal, s)]))
         print(name, f"without {ms['without']:.3f} ms;",
-              "; ".join(f"{v} {ms[v]:.3f} ms ({ms[v] / ms['without']:.3f}x)" for v in VARIANTS),
+              "; ".join(f"{v} {ms[v]:.3f} ms ({ms[v] / ms['without']:.3f}x)" for v in variants),
               f"; bits differ: {sorted(mismatched[(hd, causal, s)])}" if mismatched[(hd, causal, s)] else
               "; same bits", flush=True)
     with open(os.path.join(out_dir, "dropout_forward.json"), "w") as f:
@@ -105,5 +106,4 @@ if __name__ == "__main__":
     unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:
         ap.error(f"--variants={args.variants!r}: {sorted(unknown)} unknown; allowed: {', '.join(VARIANTS)}")
-    VARIANTS = {v: VARIANTS[v] for v in args.variants.split(",")}
-    main(args.out_dir, args.points or POINTS, args.rounds)
+    main(args.out_dir, args.points or POINTS, args.rounds, args.variants.split(","))

@@ -111,16 +111,22 @@ FWD_CASES = [param(b, d, h, c, sq) for b in BACKENDS for d in (64, 128) for h in
              for sq in ((d,) if b == "hopper" else (d, 4 * d))]   # Hopper: seqlen_q == seqlen_k only
 
 
-@pytest.mark.parametrize("backend, d, heads, causal, seqlen_q", FWD_CASES)
-def test_forward_mask_read_out_exactly(backend, d, heads, causal, seqlen_q):
-    hq, hkv = HEADS[heads]
-    p, batch = 0.3, 2
+def check_forward_mask(backend, *, d, hq, hkv, causal, seqlen_q, p, what):
+    """The forward's output with q = k = 0 and V = identity is exactly the mask (kept: the keep
+    scale over the row's visible keys, dropped: 0)."""
+    batch = 2
     got = forward_readout(backend, batch=batch, hq=hq, hkv=hkv, seqlen_q=seqlen_q, d=d, causal=causal, p=p,
                           seed=SEED)
     vis = visible(seqlen_q, d, causal)
     counts = (keep_mask(SEED, p, batch, hq, seqlen_q, d) & vis).long()
     n = vis.sum(-1, keepdim=True).clamp_min(1).double()
-    check_counts(got, counts, keep_scale(p) / n, f"{backend} forward")
+    check_counts(got, counts, keep_scale(p) / n, what)
+
+
+@pytest.mark.parametrize("backend, d, heads, causal, seqlen_q", FWD_CASES)
+def test_forward_mask_read_out_exactly(backend, d, heads, causal, seqlen_q):
+    hq, hkv = HEADS[heads]
+    check_forward_mask(backend, d=d, hq=hq, hkv=hkv, causal=causal, seqlen_q=seqlen_q, p=0.3, what=f"{backend} forward")
 
 
 @pytest.mark.parametrize("p", [0.004, 0.3, 0.5, 0.51, 0.7, 0.99])
@@ -130,11 +136,8 @@ def test_hopper_forward_mask_at_thresholds_on_both_sides_of_one_half(causal, p):
     """The Hopper forward compares four draws at once by a formula that differs below and above a
     threshold of 128 (kernels/philox.py:four_draws_kept): the smallest threshold (1), one half
     (128, the last of the lower formula), the first above (131) and the largest (253)."""
-    batch, (hq, hkv), d = 2, HEADS["mha"], 128
-    got = forward_readout("hopper", batch=batch, hq=hq, hkv=hkv, seqlen_q=d, d=d, causal=causal, p=p, seed=SEED)
-    vis = visible(d, d, causal)
-    counts = (keep_mask(SEED, p, batch, hq, d, d) & vis).long()
-    check_counts(got, counts, keep_scale(p) / vis.sum(-1, keepdim=True).clamp_min(1).double(), f"hopper forward p={p}")
+    hq, hkv = HEADS["mha"]
+    check_forward_mask("hopper", d=128, hq=hq, hkv=hkv, causal=causal, seqlen_q=128, p=p, what=f"hopper forward p={p}")
 
 
 # ---------------------------------------------------------------- b. the backward's mask, through dV

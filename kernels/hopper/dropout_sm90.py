@@ -228,13 +228,14 @@ def _mn_places(acc: cute.Tensor) -> list:
     return [place[cute.crd2idx(k, frg)] for k in range(cute.size(frg))]
 
 
-def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, words, drop):
+def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
     """Dropout on the forward's P after its conversion to 16 bits (`tOrP`, converted from `acc`,
-    rows = queries; `words` as quad_words gives them): dropped entries -> 0. A converted pair
-    (i, j), (i, j+1) is one 32-bit register, and its two draws sit at the same byte of the
-    thread's two words of their group (column parity 0 and 1), so kept_draws compares four draws at once, one PRMT spreads the two
+    rows = queries): dropped entries -> 0. A converted pair (i, j), (i, j+1) is one 32-bit
+    register, and its two draws sit at the same byte of the thread's two words of their group
+    (column parity 0 and 1), so kept_draws compares four draws at once, one PRMT spreads the two
     verdicts over the pair's halves and one AND applies them: 1.75 instructions a score where
     the 32-bit path (_drop_quads) takes 2.75."""
+    words = quad_words(layout_utils.reshape_acc_to_mn(acc), coords_mn, head, batch, drop, rows_are_queries=True)
     kept = {place: (drop.kept_draws(w[0]), drop.kept_draws(w[1])) for place, w in words}
     places = _mn_places(acc)
     pairs = cute.recast_tensor(tOrP, Uint32)
@@ -292,13 +293,13 @@ def _drop_pairs(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, 
 
 
 class _DroppingSoftmax:
-    """FA4's Softmax with dropout hooked into a per-KV-tile step: `on_scores(acc_S)` right after
-    the online-softmax step (the row sums have already taken the undropped P: dropout does not
-    renormalise), or `on_converted(acc_S)` when the step rescales O, which FA4's steps do after
+    """FA4's Softmax with dropout hooked into a per-KV-tile step: `apply(acc_S)` right after the
+    online-softmax step (the row sums have already taken the undropped P: dropout does not
+    renormalise), or with `converted` when the step rescales O, which FA4's steps do after
     converting P to 16 bits for P.V (and before that product)."""
 
-    def __init__(self, softmax, on_scores=None, on_converted=None):
-        self._softmax, self._on_scores, self._on_converted = softmax, on_scores, on_converted
+    def __init__(self, softmax, apply, converted: bool):
+        self._softmax, self._apply, self._converted = softmax, apply, converted
         self._acc_S = None
 
     def __getattr__(self, name):
@@ -306,15 +307,16 @@ class _DroppingSoftmax:
 
     def online_softmax(self, acc_S, **kwargs):
         row_scale = self._softmax.online_softmax(acc_S, **kwargs)
-        if self._on_scores is not None:
-            self._on_scores(acc_S)
-        self._acc_S = acc_S
+        if self._converted:
+            self._acc_S = acc_S   # dropped once the step has converted it, in rescale_O
+        else:
+            self._apply(acc_S)
         return row_scale
 
     def rescale_O(self, acc_O, row_scale):
-        if self._on_converted is not None:
+        if self._converted:
             assert self._acc_S is not None, "rescale_O before the step's softmax: P is not converted yet"
-            self._on_converted(self._acc_S)
+            self._apply(self._acc_S)
         return self._softmax.rescale_O(acc_O, row_scale)
 
 
@@ -369,17 +371,14 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         batch, head, m_block = self._tile
         coords_mn = tile_coords(self._thr_mma_qk, (self.tile_m, self.tile_n),
                                 (m_block * self.tile_m, n_block * self.tile_n))
-        if converted and self.DROP_CONVERTED and self.mma_pv_is_rs and not self.rescale_O_before_gemm:
-            tOrP = kwargs["tOrP"]
+        converted = converted and self.DROP_CONVERTED and self.mma_pv_is_rs and not self.rescale_O_before_gemm
 
-            def on_converted(acc_S):
-                words = quad_words(layout_utils.reshape_acc_to_mn(acc_S), coords_mn, head, batch, self._drop, True)
-                drop_converted(tOrP, acc_S, words, self._drop)
-            return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], on_converted=on_converted))
-
-        def on_scores(acc_S):
-            drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False)
-        return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], on_scores=on_scores))
+        def apply(acc_S):
+            if converted:
+                drop_converted(kwargs["tOrP"], acc_S, coords_mn, head, batch, self._drop)
+            else:
+                drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False)
+        return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], apply, converted))
 
     def epilogue(self, acc_O, *args, **kwargs):
         acc_O.store(acc_O.load() * self._drop.scale)
