@@ -18,6 +18,7 @@ Imported only when the Hopper backend runs: it needs CUDA, `flash-attn-4` and th
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -29,20 +30,46 @@ from flash_attn.cute.cute_dsl_utils import maybe_contiguous, to_cute_aux_tensor,
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
 from ..varlen import seqlens_of
-from . import dropout_sm90
+from . import dropout_sm90, fwd_persistent
 from .fwd_key import forward_key
 from .masks import fa4_mask, may_have_empty_rows
 
 _compiled: dict = {}
 
+# The grid (fwd_persistent.py): None, one CTA per tile (FA4's); "stride" or "snake", one CTA per SM
+# walking the tiles in that order. A switch for scripts/gpu_fwd_persistent.py.
+PERSISTENT = None
+
+
+def _grid(device, head_dim: int, causal: bool, local: bool, varlen: bool):
+    """(CTAs, order) of a persistent grid for this call, or (0, None): FA4's grid."""
+    if PERSISTENT is None:
+        return 0, None
+    cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
+    if not fwd_persistent.fits(head_dim, cfg.mma_pv_is_rs, varlen):
+        return 0, None
+    return _sm_count(device), PERSISTENT
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device) -> int:
+    if not torch.cuda.is_available():   # compiling without a GPU (scripts/sass_counts.py): an H100's
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
 
 def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, window_size_left,
-             window_size_right, aux):
+             window_size_right, aux, grid=(0, None)):
     dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, above_half, *_layout = key
     cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
     kernel_cls = FlashAttentionForwardSm90
     if dropout:
-        kernel_cls = functools.partial(dropout_sm90.DropoutForwardSm90, threshold_above_half=above_half)
+        kernel_cls = dropout_sm90.DropoutForwardSm90
+    ctas, order = grid
+    if ctas:
+        kernel_cls = fwd_persistent.kernel_class(kernel_cls)
+    if dropout:
+        kernel_cls = functools.partial(kernel_cls, threshold_above_half=above_half)
     kernel = kernel_cls(
         torch2cute_dtype_map[dtype], head_dim, head_dim, group, is_causal=causal, is_local=local,
         pack_gqa=group > 1 and not dropout, tile_m=cfg.m_block_size, tile_n=cfg.n_block_size,
@@ -52,11 +79,12 @@ def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, 
         has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False)
     cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0)
           for t in (cu_seqlens_q, cu_seqlens_k)]
-    return cute.compile(
-        kernel, *(to_cute_tensor(t) for t in (q, k, v, out)), to_cute_tensor(lse, assumed_align=4),
-        softmax_scale, *cu, None, None, None, window_size_left, window_size_right, None, None,
-        fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if aux else None, None), None, None,
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
+    with fwd_persistent.persistent_grid(ctas, order) if ctas else contextlib.nullcontext():
+        return cute.compile(
+            kernel, *(to_cute_tensor(t) for t in (q, k, v, out)), to_cute_tensor(lse, assumed_align=4),
+            softmax_scale, *cu, None, None, None, window_size_left, window_size_right, None, None,
+            fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if aux else None, None), None, None,
+            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
 def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_left: int = -1,
@@ -90,10 +118,11 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
                       window_size_right=window_size_right, softcap=softcap, dropout_p=dropout_p, varlen=varlen)
-    kernel = _compiled.get(key)
+    grid = _grid(q.device, head_dim, causal, local, varlen)
+    kernel = _compiled.get((key, grid))
     if kernel is None:
-        kernel = _compiled[key] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                                           window_size_left, window_size_right, aux)
+        kernel = _compiled[key, grid] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                                 window_size_left, window_size_right, aux, grid)
     kernel(q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, None, None, None, window_size_left,
            window_size_right, None, None, fa4_utils.AuxData(aux, None), None, None)
     if may_have_empty_rows(causal or local, *lengths):

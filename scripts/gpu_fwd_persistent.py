@@ -1,0 +1,93 @@
+"""The Hopper forward on a persistent grid (fwd_sm90.PERSISTENT) against FA4's one-tile-per-CTA grid.
+
+Per point, on the same inputs in one process: the output and LSE of every grid compared bit for
+bit with FA4's grid (with dropout too at the first point), then forward TFLOP/s of each grid and of
+SDPA's cuDNN backend, every column once per round over interleaved rounds, the median kept.
+16k tokens per point, model dim 2048, bf16.
+
+    python3 scripts/gpu_fwd_persistent.py OUT_DIR [--points 128:causal:1024,64:full:2048,...]
+        [--gqa 1] [--repeat 5] [--orders stride,snake]
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu_hopper_bwd import gpu_environment, median_ms, time_rounds  # noqa: E402
+from dash_plugin.kernels.hopper import fwd_sm90  # noqa: E402
+
+POINTS = ",".join(f"{d}:{m}:{s}" for d in (128, 64) for m in ("causal", "full") for s in (1024, 2048, 4096, 16384))
+
+
+def forward(q, k, v, grid, causal, **kw):
+    fwd_sm90.PERSISTENT = grid
+    try:
+        return fwd_sm90.attention_forward(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, **kw)
+    finally:
+        fwd_sm90.PERSISTENT = None
+
+
+def cudnn(q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                                enable_gqa=kt.shape[1] != qt.shape[1])
+
+
+def same_bits(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--points", default=POINTS, help="hdim:causal|full:seqlen,...")
+    ap.add_argument("--gqa", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--orders", default="stride,snake")
+    args = ap.parse_args()
+    orders = args.orders.split(",")
+    results = {"env": gpu_environment(), "rows": []}
+    print(results["env"], flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    for n, point in enumerate(args.points.split(",")):
+        d, mask, s = point.split(":")
+        d, s, causal = int(d), int(s), mask == "causal"
+        b, hq = 16384 // s, 2048 // d
+        g = torch.Generator(device="cuda").manual_seed(5)
+        q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(b, s, hq // args.gqa, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        row = {"hdim": d, "mask": mask, "seqlen": s, "gqa": args.gqa}
+        one_tile = forward(q, k, v, None, causal)
+        for order in orders:
+            row[f"same_bits {order}"] = same_bits(one_tile, forward(q, k, v, order, causal))
+            if n == 0:   # dropout: the same mask and bits on both grids
+                drop = dict(dropout_p=0.1, seed=7)
+                row[f"same_bits_dropout {order}"] = same_bits(forward(q, k, v, None, causal, **drop),
+                                                              forward(q, k, v, order, causal, **drop))
+        flops = 4 * b * hq * s * s * d / (2 if causal else 1)
+        impls = {"one-tile": lambda: forward(q, k, v, None, causal)}
+        impls.update({order: (lambda o=order: forward(q, k, v, o, causal)) for order in orders})
+        impls["cudnn"] = lambda: cudnn(q, k, v, causal)
+        times = time_rounds(impls, args.repeat)
+        for name, ts in times.items():
+            row[name] = None if not ts else round(flops / median_ms(ts) / 1e9, 1)
+            row[f"{name} rounds"] = [round(flops / t / 1e9, 1) for t in ts or []]
+        bits = " ".join(f"{k.split()[-1]}{'(drop)' if 'dropout' in k else ''}={v}" for k, v in row.items()
+                        if k.startswith("same_bits"))
+        print(f"d{d} {mask} S{s} gqa{args.gqa}: same bits {bits}; "
+              + " ".join(f"{name} {row[name]}" for name in impls) + " TFLOP/s", flush=True)
+        results["rows"].append(row)
+        with open(os.path.join(args.out, "fwd_persistent.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        del q, k, v
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
