@@ -1,12 +1,13 @@
-"""The Hopper forward on a persistent grid (fwd_sm90.PERSISTENT) against FA4's one-tile-per-CTA grid.
+"""The Hopper forward on its persistent grid (kernels/hopper/fwd_persistent.py) against FA4's
+one-tile-per-CTA grid, and what `auto` picks.
 
-Per point, on the same inputs in one process: the output and LSE of every grid compared bit for
-bit with FA4's grid (with dropout too at the first point), then forward TFLOP/s of each grid and of
-SDPA's cuDNN backend, every column once per round over interleaved rounds, the median kept.
-16k tokens per point, model dim 2048, bf16.
+Per point, on the same inputs in one process: the output and LSE of the persistent grid compared
+bit for bit with FA4's grid (with dropout too at the first point), then forward TFLOP/s of both
+grids and of SDPA's cuDNN backend, every column once per round over interleaved rounds, the median
+kept. 16k tokens per point, model dim 2048, bf16.
 
     python3 scripts/gpu_fwd_persistent.py OUT_DIR [--points 128:causal:1024,64:full:2048,...]
-        [--gqa 1] [--repeat 5] [--orders stride,snake]
+        [--gqa 1] [--repeat 5] [--dropout P]
 """
 import argparse
 import json
@@ -24,11 +25,12 @@ POINTS = ",".join(f"{d}:{m}:{s}" for d in (128, 64) for m in ("causal", "full") 
 
 
 def forward(q, k, v, grid, causal, **kw):
-    fwd_sm90.PERSISTENT = grid
+    """`grid`: one of fwd_sm90.GRIDS."""
+    fwd_sm90.GRID = grid
     try:
         return fwd_sm90.attention_forward(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, **kw)
     finally:
-        fwd_sm90.PERSISTENT = None
+        fwd_sm90.GRID = "auto"
 
 
 def cudnn(q, k, v, causal):
@@ -49,12 +51,12 @@ def main():
     ap.add_argument("--points", default=POINTS, help="hdim:causal|full:seqlen,...")
     ap.add_argument("--gqa", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--orders", default="stride,snake")
+    ap.add_argument("--dropout", type=float, default=0.0, help="time the forward with this dropout (cuDNN: without)")
     args = ap.parse_args()
-    orders = args.orders.split(",")
-    results = {"env": gpu_environment(), "rows": []}
+    results = {"env": gpu_environment(), "dropout": args.dropout, "rows": []}
     print(results["env"], flush=True)
     os.makedirs(args.out, exist_ok=True)
+    drop = dict(dropout_p=args.dropout, seed=7) if args.dropout else {}
     for n, point in enumerate(args.points.split(",")):
         d, mask, s = point.split(":")
         d, s, causal = int(d), int(s), mask == "causal"
@@ -62,31 +64,36 @@ def main():
         g = torch.Generator(device="cuda").manual_seed(5)
         q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(b, s, hq // args.gqa, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-        row = {"hdim": d, "mask": mask, "seqlen": s, "gqa": args.gqa}
-        one_tile = forward(q, k, v, None, causal)
-        for order in orders:
-            row[f"same_bits {order}"] = same_bits(one_tile, forward(q, k, v, order, causal))
-            if n == 0:   # dropout: the same mask and bits on both grids
-                drop = dict(dropout_p=0.1, seed=7)
-                row[f"same_bits_dropout {order}"] = same_bits(forward(q, k, v, None, causal, **drop),
-                                                              forward(q, k, v, order, causal, **drop))
+        row = {"hdim": d, "mask": mask, "seqlen": s, "gqa": args.gqa,
+               "auto takes": "persistent" if fwd_sm90._grid(q, k, _key(q, k, causal, drop), False, False, None, None)[0]
+               else "one-tile",
+               "same_bits": same_bits(forward(q, k, v, "one-tile", causal, **drop),
+                                      forward(q, k, v, "persistent", causal, **drop))}
+        if n == 0:   # the other side of dropout too: the same mask and bits on both grids
+            other = {} if drop else dict(dropout_p=0.1, seed=7)
+            row["same_bits, dropout " + ("off" if drop else "on")] = same_bits(
+                forward(q, k, v, "one-tile", causal, **other), forward(q, k, v, "persistent", causal, **other))
         flops = 4 * b * hq * s * s * d / (2 if causal else 1)
-        impls = {"one-tile": lambda: forward(q, k, v, None, causal)}
-        impls.update({order: (lambda o=order: forward(q, k, v, o, causal)) for order in orders})
+        impls = {grid: (lambda grid=grid: forward(q, k, v, grid, causal, **drop)) for grid in ("one-tile", "persistent")}
         impls["cudnn"] = lambda: cudnn(q, k, v, causal)
         times = time_rounds(impls, args.repeat)
         for name, ts in times.items():
             row[name] = None if not ts else round(flops / median_ms(ts) / 1e9, 1)
             row[f"{name} rounds"] = [round(flops / t / 1e9, 1) for t in ts or []]
-        bits = " ".join(f"{k.split()[-1]}{'(drop)' if 'dropout' in k else ''}={v}" for k, v in row.items()
-                        if k.startswith("same_bits"))
-        print(f"d{d} {mask} S{s} gqa{args.gqa}: same bits {bits}; "
+        bits = ", ".join(f"{k} {v}" for k, v in row.items() if k.startswith("same_bits"))
+        print(f"d{d} {mask} S{s} gqa{args.gqa} (auto: {row['auto takes']}): {bits}; "
               + " ".join(f"{name} {row[name]}" for name in impls) + " TFLOP/s", flush=True)
         results["rows"].append(row)
         with open(os.path.join(args.out, "fwd_persistent.json"), "w") as f:
             json.dump(results, f, indent=1)
         del q, k, v
         torch.cuda.empty_cache()
+
+
+def _key(q, k, causal, drop):
+    from dash_plugin.kernels.hopper.fwd_key import forward_key
+    return forward_key(q, k, k, causal=causal, local=False, window_size_left=None, window_size_right=None,
+                       softcap=0.0, dropout_p=drop.get("dropout_p", 0.0))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def _without_launch(compile_fn):
 
 
 def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int,
-             schedule: str = "descending", seqlen: int = 512, persistent: str | None = None) -> None:
+             schedule: str = "descending", seqlen: int = 512, grid: str = "one-tile") -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -53,7 +53,7 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
     if kernel == "fwd":
         from dash_plugin.kernels.hopper import fwd_sm90
         fwd_sm90._compile = _without_launch(fwd_sm90._compile)
-        fwd_sm90.PERSISTENT = persistent
+        fwd_sm90.GRID = grid
         with FakeTensorMode():
             q, k = inputs()
             fwd_sm90.attention_forward(q, k, k, softmax_scale=head_dim ** -0.5, causal=causal,
@@ -95,7 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads-kv", type=int, default=4, help="K/V heads for 4 query heads (default 4: MHA)")
     ap.add_argument("--save-sass", metavar="PATH", help="also write the SASS listing there")
     ap.add_argument("--schedule", default="descending", help="bwd: the deterministic schedule compiled (default descending)")
-    ap.add_argument("--persistent", choices=("stride", "snake"), help="fwd: on the persistent grid in this order")
+    ap.add_argument("--grid", choices=("one-tile", "persistent"), default="one-tile",
+                    help="fwd: FA4's grid (default) or the persistent one (kernels/hopper/fwd_persistent.py)")
     ap.add_argument("--seqlen", type=int, default=512,
                     help="tokens per sequence (default 512; the bwd plan, e.g. arrival's groups, follows it)")
     args = ap.parse_args(argv)
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump)
         _compile(args.kernel, args.head_dim, not args.full, args.dropout, args.heads_kv, args.schedule,
-                 args.seqlen, args.persistent)
+                 args.seqlen, args.grid)
         files = glob.glob(os.path.join(dump, "*.sass"))
         if len(files) != 1:
             print(f"expected one SASS file, found {len(files)} in {dump}", file=sys.stderr)

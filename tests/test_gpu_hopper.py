@@ -85,6 +85,57 @@ def test_forward_gives_fa4s_bits(feature, gqa, head_dim):
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
 
 
+@pytest.fixture
+def forward_grid(monkeypatch):
+    """Runs a forward on the grid named ("one-tile", "persistent", "auto"), then back to auto."""
+    from dash_plugin.kernels.hopper import fwd_sm90
+
+    def run(grid, *args, **kwargs):
+        monkeypatch.setattr(fwd_sm90, "GRID", grid)
+        return hopper.attention_forward(*args, **kwargs)
+    return run
+
+
+@pytest.mark.parametrize("feature", ("causal", "full", "causal-window256", "band128x128", "full-softcap30",
+                                     "dropout0.1", "dropout0.7"))
+@pytest.mark.parametrize("gqa", (1, 4))
+@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("lengths", ((2048, 2048), (700, 1300), (1300, 700)), ids=lambda x: f"{x[0]}x{x[1]}")
+def test_persistent_forward_gives_the_one_tile_grids_bits(forward_grid, feature, gqa, head_dim, lengths):
+    """The persistent grid (fwd_persistent.py) moves tiles between CTAs, not bits: 16 query heads
+    x 2 sequences give 4-8 tiles per CTA (several tiles in a row through one CTA's buffers), fewer
+    queries than keys and the reverse (rows that see no key)."""
+    mask = dict(FEATURES.get(feature, {"causal": feature != "full"}))
+    if feature.startswith("dropout"):
+        mask.update(dropout_p=float(feature[len("dropout"):]), seed=11)
+    g = torch.Generator(device="cuda").manual_seed(12)
+    q = torch.randn(2, lengths[0], 16, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(2, lengths[1], 16 // gqa, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in range(2))
+    call = dict(softmax_scale=head_dim ** -0.5, **mask)
+    one_tile = forward_grid("one-tile", q, k, v, **call)
+    persistent = forward_grid("persistent", q, k, v, **call)
+    assert torch.equal(one_tile[0], persistent[0]) and torch.equal(one_tile[1], persistent[1])
+    assert one_tile[0].abs().sum() > 0
+
+
+def test_auto_takes_the_persistent_forward_where_tiles_are_short(forward_grid):
+    """`auto` picks the persistent grid at 1k (short tiles) and FA4's at 16k causal, and each
+    call repeats its bits (the work table is built once per shape and kept)."""
+    from dash_plugin.kernels.hopper import fwd_sm90
+    from dash_plugin.kernels.hopper.fwd_key import forward_key
+    for seqlen, persistent in ((1024, True), (16384, False)):
+        q, k, v = (torch.randn(16384 // seqlen, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))
+        key = forward_key(q, k, v, causal=True, local=False, window_size_left=None, window_size_right=None,
+                          softcap=0.0, dropout_p=0.0)
+        assert bool(fwd_sm90._grid(q, k, key, False, False, None, None)[0]) == persistent
+        first = forward_grid("auto", q, k, v, softmax_scale=128 ** -0.5, causal=True)
+        again = forward_grid("auto", q, k, v, softmax_scale=128 ** -0.5, causal=True)
+        other = forward_grid("one-tile" if persistent else "persistent", q, k, v, softmax_scale=128 ** -0.5, causal=True)
+        assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(first, again, other))
+
+
 def test_forward_with_broadcast_kv_compiles_apart_and_gives_fa4s_bits():
     """K/V expanded over the batch (stride 0) compile with that stride static: such a kernel must
     never serve ordinary inputs, nor the reverse (fwd_sm90's key says which dims have stride 0)."""

@@ -30,25 +30,55 @@ from flash_attn.cute.cute_dsl_utils import maybe_contiguous, to_cute_aux_tensor,
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
 from ..varlen import seqlens_of
-from . import dropout_sm90, fwd_persistent
+from . import dropout_sm90, fwd_persistent, fwd_tile_order
 from .fwd_key import forward_key
 from .masks import fa4_mask, may_have_empty_rows
 
 _compiled: dict = {}
 
-# The grid (fwd_persistent.py): None, one CTA per tile (FA4's); "stride" or "snake", one CTA per SM
-# walking the tiles in that order. A switch for scripts/gpu_fwd_persistent.py.
-PERSISTENT = None
+# Which grid runs the forward (the bits are the same on both): "auto", the persistent grid
+# (fwd_persistent.py) where it fits and its tiles are short enough to pay
+# (fwd_tile_order.persistent_pays), else FA4's one CTA per tile; "one-tile"; "persistent", wherever
+# it fits. Tests and scripts/gpu_fwd_persistent.py set it.
+GRID = "auto"
+GRIDS = ("auto", "one-tile", "persistent")
 
 
-def _grid(device, head_dim: int, causal: bool, local: bool, varlen: bool):
-    """(CTAs, order) of a persistent grid for this call, or (0, None): FA4's grid."""
-    if PERSISTENT is None:
+def _grid(q, k, key, local: bool, varlen: bool, window_size_left, window_size_right):
+    """(CTAs of the persistent grid or 0 for FA4's, its work table or None) for this call."""
+    if GRID not in GRIDS:
+        raise ValueError(f"fwd_sm90.GRID={GRID!r}: expected one of {GRIDS}")
+    if GRID == "one-tile" or varlen:
         return 0, None
+    windows = (window_size_left, window_size_right) if local else (None, None)
+    ctas, table = _persistent_plan(tuple(q.shape), tuple(k.shape), q.element_size(), key, windows, GRID == "auto",
+                                   _sm_count(q.device))
+    if not ctas:
+        return 0, None
+    work = _tables.get((table, q.device))
+    if work is None:
+        work = _tables[table, q.device] = torch.tensor(table, dtype=torch.int32, device=q.device)
+    return ctas, work
+
+
+_tables: dict = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _persistent_plan(q_shape, k_shape, element_bytes, key, windows, only_where_it_pays: bool, sms: int):
+    """(CTAs, work table) of the persistent grid for this shape, or (0, None)."""
+    _dtype, head_dim, group, causal, local, _left_open, _right_open, _softcap, dropout, *_ = key
     cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
-    if not fwd_persistent.fits(head_dim, cfg.mma_pv_is_rs, varlen):
+    if not fwd_persistent.fits(head_dim, cfg.mma_pv_is_rs, varlen=False):
         return 0, None
-    return _sm_count(device), PERSISTENT
+    packed = group > 1 and not dropout   # GQA heads packed into the rows (FA4's pack_gqa)
+    batch, seqlen_q, heads, _ = q_shape
+    tiles = fwd_tile_order.ForwardTiles(
+        batch, k_shape[2] if packed else heads, seqlen_q, k_shape[1], head_dim, cfg.m_block_size,
+        cfg.n_block_size, causal, *windows, rows_per_query=group if packed else 1, element_bytes=element_bytes)
+    if only_where_it_pays and not fwd_tile_order.persistent_pays(tiles):
+        return 0, None
+    return sms, fwd_tile_order.work_table(tiles, sms)
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,13 +89,12 @@ def _sm_count(device) -> int:
 
 
 def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, window_size_left,
-             window_size_right, aux, grid=(0, None)):
+             window_size_right, aux, ctas=0, work=None):
     dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, above_half, *_layout = key
     cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
     kernel_cls = FlashAttentionForwardSm90
     if dropout:
         kernel_cls = dropout_sm90.DropoutForwardSm90
-    ctas, order = grid
     if ctas:
         kernel_cls = fwd_persistent.kernel_class(kernel_cls)
     if dropout:
@@ -79,11 +108,12 @@ def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, 
         has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False)
     cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0)
           for t in (cu_seqlens_q, cu_seqlens_k)]
-    with fwd_persistent.persistent_grid(ctas, order) if ctas else contextlib.nullcontext():
+    with fwd_persistent.persistent_grid(ctas) if ctas else contextlib.nullcontext():
         return cute.compile(
             kernel, *(to_cute_tensor(t) for t in (q, k, v, out)), to_cute_tensor(lse, assumed_align=4),
             softmax_scale, *cu, None, None, None, window_size_left, window_size_right, None, None,
-            fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if aux else None, None), None, None,
+            fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if aux else None, None),
+            None if work is None else to_cute_tensor(work, assumed_align=4, leading_dim=0), None,
             cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
@@ -118,13 +148,13 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
                       window_size_right=window_size_right, softcap=softcap, dropout_p=dropout_p, varlen=varlen)
-    grid = _grid(q.device, head_dim, causal, local, varlen)
-    kernel = _compiled.get((key, grid))
+    ctas, work = _grid(q, k, key, local, varlen, window_size_left, window_size_right)
+    kernel = _compiled.get((key, ctas))
     if kernel is None:
-        kernel = _compiled[key, grid] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                                                 window_size_left, window_size_right, aux, grid)
+        kernel = _compiled[key, ctas] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                                 window_size_left, window_size_right, aux, ctas, work)
     kernel(q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, None, None, None, window_size_left,
-           window_size_right, None, None, fa4_utils.AuxData(aux, None), None, None)
+           window_size_right, None, None, fa4_utils.AuxData(aux, None), work, None)
     if may_have_empty_rows(causal or local, *lengths):
         # FA4 writes -inf for a row that sees no key; ours is +inf (docs/INTERNALS.md), which the
         # backward reads as P = 0 as well.
