@@ -119,6 +119,22 @@ def test_persistent_forward_gives_the_one_tile_grids_bits(forward_grid, feature,
     assert one_tile[0].abs().sum() > 0
 
 
+@pytest.mark.parametrize("dropout_p", (0.0, 0.1))
+def test_persistent_forward_bitwise_equal_over_many_passes_under_another_process(forward_grid, dropout_p):
+    """1,000 forwards on the persistent grid, 8 tiles per CTA, while another process loads the GPU:
+    one set of bits, FA4's grid's."""
+    g = torch.Generator(device="cuda").manual_seed(13)
+    q, k, v = (torch.randn(4, 2048, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    call = dict(softmax_scale=128 ** -0.5, causal=True, dropout_p=dropout_p, seed=5)
+    reference = forward_grid("one-tile", q, k, v, **call)
+    torch.cuda.synchronize()
+    with gpu_load() as load, hang_guard(300):
+        bad = count_mismatching_passes(lambda: forward_grid("persistent", q, k, v, **call), N_PASSES,
+                                       reference=reference)
+        assert load.alive(), f"load process died: {load.stderr()}"
+    assert bad == 0
+
+
 def test_auto_takes_the_persistent_forward_where_tiles_are_short(forward_grid):
     """`auto` picks the persistent grid at 1k (short tiles) and FA4's at 16k causal, and each
     call repeats its bits (the work table is built once per shape and kept)."""
