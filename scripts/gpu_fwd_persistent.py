@@ -10,6 +10,7 @@ kept. 16k tokens per point, model dim 2048, bf16.
         [--gqa 1] [--repeat 5] [--dropout P]
 """
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -52,8 +53,11 @@ def main():
     ap.add_argument("--gqa", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--dropout", type=float, default=0.0, help="time the forward with this dropout (cuDNN: without)")
+    ap.add_argument("--tile", help="M,N: every forward with these tiles instead of FA4's (an experiment; other bits)")
     args = ap.parse_args()
-    results = {"env": gpu_environment(), "dropout": args.dropout, "rows": []}
+    if args.tile:
+        _force_tiles(*(int(x) for x in args.tile.split(",")))
+    results = {"env": gpu_environment(), "dropout": args.dropout, "tile": args.tile, "rows": []}
     print(results["env"], flush=True)
     os.makedirs(args.out, exist_ok=True)
     drop = dict(dropout_p=args.dropout, seed=7) if args.dropout else {}
@@ -88,6 +92,13 @@ def main():
             json.dump(results, f, indent=1)
         del q, k, v
         torch.cuda.empty_cache()
+
+
+def _force_tiles(tile_m, tile_n):
+    fa4 = fwd_sm90.fa4
+    original = fa4._tile_size_fwd_sm90
+    fa4._tile_size_fwd_sm90 = lambda *a, **kw: dataclasses.replace(original(*a, **kw), m_block_size=tile_m,
+                                                                    n_block_size=tile_n)
 
 
 def _key(q, k, causal, drop):
