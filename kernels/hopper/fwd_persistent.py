@@ -38,6 +38,7 @@ from cutlass import Int32
 from flash_attn.cute import flash_fwd_sm90
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, WorkTileInfo
 
+
 def fits(head_dim: int, mma_pv_is_rs: bool, varlen: bool) -> bool:
     """Whether the persistent grid serves this configuration: P in registers (the O buffer takes
     the P field), head dims up to 128 (shared memory for a second tile-sized buffer), dense."""

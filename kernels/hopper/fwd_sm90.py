@@ -51,17 +51,17 @@ def _grid(q, k, key, local: bool, varlen: bool, window_size_left, window_size_ri
     if GRID == "one-tile" or varlen:
         return 0, None
     windows = (window_size_left, window_size_right) if local else (None, None)
-    ctas, table = _persistent_plan(tuple(q.shape), tuple(k.shape), q.element_size(), key, windows, GRID == "auto",
-                                   _sm_count(q.device))
-    if not ctas:
-        return 0, None
-    work = _tables.get((table, q.device))
-    if work is None:
-        work = _tables[table, q.device] = torch.tensor(table, dtype=torch.int32, device=q.device)
-    return ctas, work
+    shape = (tuple(q.shape), tuple(k.shape), q.element_size(), key, windows, GRID == "auto", q.device)
+    grid = _grids.get(shape)
+    if grid is None:   # first call of this shape: deal the tiles, put the table on the device
+        if len(_grids) >= 256:   # shapes seen once in a while (padded batches of many lengths) come back dealt again
+            _grids.clear()
+        ctas, table = _persistent_plan(*shape[:-1], _sm_count(q.device))
+        grid = _grids[shape] = (ctas, torch.tensor(table, dtype=torch.int32, device=q.device) if ctas else None)
+    return grid
 
 
-_tables: dict = {}
+_grids: dict = {}
 
 
 @functools.lru_cache(maxsize=256)
