@@ -69,7 +69,7 @@ def main():
         q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(b, s, hq // args.gqa, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         row = {"hdim": d, "mask": mask, "seqlen": s, "gqa": args.gqa,
-               "auto takes": "persistent" if fwd_sm90._grid(q, k, _key(q, k, causal, drop), False, False, None, None)[0]
+               "auto takes": "persistent" if fwd_sm90.persistent_ctas(q, k, v, causal=causal, dropout_p=args.dropout)
                else "one-tile",
                "same_bits": same_bits(forward(q, k, v, "one-tile", causal, **drop),
                                       forward(q, k, v, "persistent", causal, **drop))}
@@ -99,12 +99,6 @@ def _force_tiles(tile_m, tile_n):
     original = fa4._tile_size_fwd_sm90
     fa4._tile_size_fwd_sm90 = lambda *a, **kw: dataclasses.replace(original(*a, **kw), m_block_size=tile_m,
                                                                     n_block_size=tile_n)
-
-
-def _key(q, k, causal, drop):
-    from dash_plugin.kernels.hopper.fwd_key import forward_key
-    return forward_key(q, k, k, causal=causal, local=False, window_size_left=None, window_size_right=None,
-                       softcap=0.0, dropout_p=drop.get("dropout_p", 0.0))
 
 
 if __name__ == "__main__":

@@ -139,13 +139,10 @@ def test_auto_takes_the_persistent_forward_where_tiles_are_short(forward_grid):
     """`auto` picks the persistent grid at 1k (short tiles) and FA4's at 16k causal, and each
     call repeats its bits (the work table is built once per shape and kept)."""
     from dash_plugin.kernels.hopper import fwd_sm90
-    from dash_plugin.kernels.hopper.fwd_key import forward_key
     for seqlen, persistent in ((1024, True), (16384, False)):
         q, k, v = (torch.randn(16384 // seqlen, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))
-        key = forward_key(q, k, v, causal=True, local=False, window_size_left=None, window_size_right=None,
-                          softcap=0.0, dropout_p=0.0)
-        assert bool(fwd_sm90._grid(q, k, key, False, False, None, None)[0]) == persistent
+        assert bool(fwd_sm90.persistent_ctas(q, k, v, causal=True)) == persistent
         first = forward_grid("auto", q, k, v, softmax_scale=128 ** -0.5, causal=True)
         again = forward_grid("auto", q, k, v, softmax_scale=128 ** -0.5, causal=True)
         other = forward_grid("one-tile" if persistent else "persistent", q, k, v, softmax_scale=128 ** -0.5, causal=True)

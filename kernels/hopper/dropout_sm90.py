@@ -18,9 +18,6 @@ seed per step does not recompile. Imported only with the Hopper backend's packag
 """
 from __future__ import annotations
 
-import functools
-import inspect
-
 import torch
 
 import cutlass
@@ -33,6 +30,7 @@ from quack import layout_utils
 
 from ..philox import (_KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, GROUP_BITS, PHILOX_ROUNDS, dropout_threshold,
                       four_draws_bias, four_draws_kept)
+from .fa4_calls import call_arguments
 
 
 def refuse_softcap(dropout_p: float, softcap: float) -> None:
@@ -324,13 +322,8 @@ def drop_params_of_mma(method, kernel, args, kwargs, threshold_above_half: bool 
     """(DropoutParams, the call's arguments by name) of a call of FA4's `mma` (`method`: the
     forward's or the backward's), from its `aux_data`; both kernels' dropout steps and epilogues
     are traced inside that call, so values loaded here serve all of them."""
-    arguments = _signature(method).bind(kernel, *args, **kwargs).arguments
+    arguments = call_arguments(method, kernel, args, kwargs)
     return DropoutParams(arguments["aux_data"].tensors[0], threshold_above_half), arguments
-
-
-@functools.lru_cache(maxsize=None)
-def _signature(method):
-    return inspect.signature(method)
 
 
 class DropoutForwardSm90(FlashAttentionForwardSm90):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +36,8 @@ import cutlass.cute as cute
 from cutlass import Int32
 from flash_attn.cute import flash_fwd_sm90
 from flash_attn.cute.tile_scheduler import SingleTileLPTScheduler, WorkTileInfo
+
+from .fa4_calls import call_arguments
 
 
 def fits(head_dim: int, mma_pv_is_rs: bool, varlen: bool) -> bool:
@@ -99,15 +100,10 @@ class _OwnOutputBuffer:
         return super()._get_shared_storage_cls()
 
     def mma(self, *args, **kwargs):
-        arguments = _signature(flash_fwd_sm90.FlashAttentionForwardSm90.mma).bind(self, *args, **kwargs).arguments
+        arguments = call_arguments(flash_fwd_sm90.FlashAttentionForwardSm90.mma, self, args, kwargs)
         del arguments["self"]
         arguments["sO"], arguments["sP"] = arguments["sP"], None
         return super().mma(**arguments)
-
-
-@functools.lru_cache(maxsize=None)
-def _signature(method):
-    return inspect.signature(method)
 
 
 @functools.lru_cache(maxsize=None)

@@ -51,20 +51,30 @@ def _grid(q, k, key, local: bool, varlen: bool, window_size_left, window_size_ri
     if GRID == "one-tile" or varlen:
         return 0, None
     windows = (window_size_left, window_size_right) if local else (None, None)
-    shape = (tuple(q.shape), tuple(k.shape), q.element_size(), key, windows, GRID == "auto", q.device)
+    only_where_it_pays = GRID == "auto"
+    shape = (tuple(q.shape), tuple(k.shape), key, windows, only_where_it_pays, q.device)
     grid = _grids.get(shape)
     if grid is None:   # first call of this shape: deal the tiles, put the table on the device
         if len(_grids) >= 256:   # shapes seen once in a while (padded batches of many lengths) come back dealt again
             _grids.clear()
-        ctas, table = _persistent_plan(*shape[:-1], _sm_count(q.device))
+        ctas, table = _persistent_plan(q.shape, k.shape, q.element_size(), key, windows, only_where_it_pays,
+                                       _sm_count(q.device))
         grid = _grids[shape] = (ctas, torch.tensor(table, dtype=torch.int32, device=q.device) if ctas else None)
     return grid
 
 
-_grids: dict = {}
+_grids: dict = {}   # the only cache of the deal: it runs on a first call of a shape
 
 
-@functools.lru_cache(maxsize=256)
+def persistent_ctas(q, k, v, *, causal: bool, dropout_p: float = 0.0) -> int:
+    """The CTAs of the persistent grid a dense call with these inputs runs on now (GRID), or 0
+    for FA4's one-tile grid (what tests and scripts/gpu_fwd_persistent.py ask)."""
+    causal, local, left, right = fa4_mask(causal, -1, -1)
+    key = forward_key(q, k, v, causal=causal, local=local, window_size_left=left, window_size_right=right,
+                      softcap=0.0, dropout_p=dropout_p)
+    return _grid(q, k, key, local, False, left, right)[0]
+
+
 def _persistent_plan(q_shape, k_shape, element_bytes, key, windows, only_where_it_pays: bool, sms: int):
     """(CTAs, work table) of the persistent grid for this shape, or (0, None)."""
     _dtype, head_dim, group, causal, local, _left_open, _right_open, _softcap, dropout, *_ = key

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from functools import lru_cache
 
 TILE_OVERHEAD = 1     # a tile's set-up and epilogue, in KV steps, for dealing the tiles
 L2_BYTES = 50 * 1024 * 1024
@@ -108,9 +107,8 @@ def deal(tiles: ForwardTiles, ctas: int) -> list[list[int]]:
     return lists
 
 
-@lru_cache(maxsize=64)
 def work_table(tiles: ForwardTiles, ctas: int) -> tuple[int, ...]:
-    """The table the kernel reads (see the module's docstring); cached per shape."""
+    """The table the kernel reads (see the module's docstring); fwd_sm90 keeps it per shape."""
     lists = deal(tiles, ctas)
     starts = [0]
     for tile_ids in lists:
