@@ -72,6 +72,10 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # For scripts/gpu_dq_wait_probe.py: the dQ writer also sums the SM clock cycles it spends in
     # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
     RECORD_WAITS = False
+    # Units (half groups, eight scores) of a step's dropout mask drawn while its products run
+    # (dropout_sm90.MaskWords): four, all of a thread's at hdim 96-128 and half at hdim 64, the
+    # most that compiled without spilling or serialising the products (sm_90a, ptxas 13).
+    AHEAD_UNITS = 4
 
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
                  dropout: bool = False, **kwargs):
@@ -309,7 +313,13 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         acc_S = mma_qk_fn(A_idx=idx_Q, wg_wait=-1)
         lse = copy_utils.load_s2r(tLSEsLSE[None, idx_Q])
         pipeline_dO.consumer_wait(state_dO, pipeline_dO.consumer_try_wait(state_dO))
-        acc_dP = mma_dov_fn(A_idx=idx_Q, wg_wait=1)
+        acc_dP = mma_dov_fn(A_idx=idx_Q, wg_wait=-1)
+        # The mask's words, begun while both products run (dropout_sm90.MaskWords), then S.
+        words = None
+        if const_expr(dropout_sm90.has_quads(coords_mn)):
+            words = dropout_sm90.MaskWords(coords_mn, tile["head_idx"], tile["batch_idx"], drop,
+                                           rows_are_queries=not self.SdP_swapAB, ahead=self.AHEAD_UNITS)
+        warpgroup.wait_group(1)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, m_block=m_block)
         # P = exp(S - LSE)
@@ -321,7 +331,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                 acc_S_mn[r, c] = cute.math.exp2(acc_S_mn[r, c] * softmax_scale_log2 - lse_r, fastmath=True)
         # Dropout, in the accumulator's own orientation: dropped P -> -P.
         dropout_sm90.drop_scores(acc_S, coords_mn, tile["head_idx"], tile["batch_idx"], drop,
-                                 rows_are_queries=not self.SdP_swapAB, negate=True)
+                                 rows_are_queries=not self.SdP_swapAB, negate=True, words=words)
         dpsum = copy_utils.load_s2r(tLSEsdPsum[None, idx_dO])
         # P * keep for dV: the marked (negative) entries become 0
         kept = cute.make_fragment_like(acc_S)

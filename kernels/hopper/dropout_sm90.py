@@ -165,17 +165,17 @@ def _unit_words(drop, anchors, u, odd, head, batch, rows_are_queries):
     return (own_group_words(drop, anchors[u], odd, head, batch, rows_are_queries),)
 
 
-def quad_words(acc_mn: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, rows_are_queries: bool):
+def quad_words(coords_mn: cute.Tensor, head, batch, drop, rows_are_queries: bool):
     """((r, qd), (word 0, word 1)) at trace time, in drawing order: this thread's two words of the
-    group holding row pair (r, r + 1) and column quad qd of `acc_mn` (the accumulator's (rows,
-    cols) view). A thread's row pair is rows x, x+8 and its column quad columns y, y+1, y+8, y+9:
+    group holding row pair (r, r + 1) and column quad qd of the accumulator whose (rows, cols)
+    view has the coordinates `coords_mn`. A thread's row pair is rows x, x+8 and its column quad columns y, y+1, y+8, y+9:
     half a group, the partner lane (lane ^ 4) holding rows x+1, x+9. Entry (r + dr, 4 qd + q) is
     word q % 2 of the two, byte 2*bit3(query) + bit3(key): 2*dr + q // 2 with rows = queries,
     2 * (q // 2) + dr with rows = keys. A generator, so that a caller may apply each quad's mask
     as soon as its words are drawn."""
-    quads = cute.size(acc_mn, mode=[1]) // 4
+    quads = cute.size(coords_mn, mode=[1]) // 4
     odd = odd_row(coords_mn)
-    for r in range(0, cute.size(acc_mn, mode=[0]), 2):
+    for r in range(0, cute.size(coords_mn, mode=[0]), 2):
         if rows_are_queries:
             anchors = [coords_mn[r, 4 * qd] for qd in range(quads)]
         else:
@@ -215,6 +215,21 @@ def _sign_bytes(a, b, selector: int, *, loc=None, ip=None) -> Uint32:
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
 
+@dsl_user_op
+def _held_before_barrier(words, never_zero, *, loc=None, ip=None) -> None:
+    """Make `words` (up to four) be computed before the next barrier instruction: a shared-memory
+    store of them, predicated on `never_zero` being 0, which it never is at run time. ptxas keeps
+    stores on their side of a barrier, and without one it sinks independent arithmetic (the
+    Philox rounds) past the wgmma wait that follows, back onto the chain after the scores. No
+    store executes."""
+    words = list(words) + [words[-1]] * (4 - len(words))
+    operands = [Uint32(never_zero).ir_value(loc=loc, ip=ip)] + [Uint32(w).ir_value(loc=loc, ip=ip) for w in words]
+    llvm.inline_asm(
+        None, operands,
+        "{ .reg .pred p; .reg .u32 a; setp.eq.u32 p, $0, 0; mov.u32 a, 0; @p st.shared.v4.u32 [a], {$1, $2, $3, $4}; }",
+        "r,r,r,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 def _mn_places(acc: cute.Tensor) -> list:
     """For each element of the P.V operand view of `acc` (reshape_acc_to_frgA, the order FA4's
     conversion writes the 16-bit P in), its (row, column) in the (rows, cols) view. Both views
@@ -226,15 +241,14 @@ def _mn_places(acc: cute.Tensor) -> list:
     return [place[cute.crd2idx(k, frg)] for k in range(cute.size(frg))]
 
 
-def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
+def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, words: MaskWords):
     """Dropout on the forward's P after its conversion to 16 bits (`tOrP`, converted from `acc`,
-    rows = queries): dropped entries -> 0. A converted pair (i, j), (i, j+1) is one 32-bit
-    register, and its two draws sit at the same byte of the thread's two words of their group
-    (column parity 0 and 1), so kept_draws compares four draws at once, one PRMT spreads the two
-    verdicts over the pair's halves and one AND applies them: 1.75 instructions a score where
-    the 32-bit path (_drop_quads) takes 2.75."""
-    words = quad_words(layout_utils.reshape_acc_to_mn(acc), coords_mn, head, batch, drop, rows_are_queries=True)
-    kept = {place: (drop.kept_draws(w[0]), drop.kept_draws(w[1])) for place, w in words}
+    rows = queries; `words`: the tile's, made with kept=True): dropped entries -> 0. A converted pair (i, j),
+    (i, j+1) is one 32-bit register, and its two draws sit at the same byte of the thread's two
+    words of their group (column parity 0 and 1), so kept_draws compares four draws at once, one
+    PRMT spreads the two verdicts over the pair's halves and one AND applies them: 1.75
+    instructions a score where the 32-bit path (_drop_quads) takes 2.75."""
+    kept = dict(words.all())
     places = _mn_places(acc)
     pairs = cute.recast_tensor(tOrP, Uint32)
     for i in range(cute.size(pairs)):
@@ -251,17 +265,59 @@ def tile_coords(thr_mma, shape, offset):
     return layout_utils.reshape_acc_to_mn(thr_mma.partition_C(coords))
 
 
-def drop_scores(acc, coords_mn, head, batch, drop, *, rows_are_queries: bool, negate: bool):
+class MaskWords:
+    """A tile's mask words for one thread (quad_words, in drawing order): the first `ahead` units
+    (half groups, eight scores each) drawn at once, the rest when `all()` is asked for. A step
+    makes one between issuing its products and waiting for them: nothing here reads a score, so
+    the Philox rounds of the units drawn ahead run beside the tensor cores instead of after the
+    scores arrive, and where they are drawn changes no bit. `kept`: hold each word's kept_draws
+    (the forward's converted path) instead of the word. `ahead` is a register budget: what is
+    drawn ahead stays live across the wait (two registers a unit), and past it ptxas spills or
+    serialises the products (docs/benchmarks/ has the counts per kernel)."""
+
+    def __init__(self, coords_mn, head, batch, drop, *, rows_are_queries: bool, ahead: int, kept: bool = False):
+        self._drop, self._kept = drop, kept
+        self._rest = quad_words(coords_mn, head, batch, drop, rows_are_queries)
+        units = (cute.size(coords_mn, mode=[0]) // 2) * (cute.size(coords_mn, mode=[1]) // 4)
+        ahead = min(units, ahead - ahead % 2)   # whole pairs: a pair of units shares its calls
+        self._ahead = [self._held(next(self._rest)) for _ in range(ahead)]
+        flat = [w for _, unit in self._ahead for w in unit]
+        for i in range(0, len(flat), 4):
+            _held_before_barrier(flat[i:i + 4], drop.threshold_top)
+
+    def _held(self, item):
+        place, unit = item
+        return place, tuple(self._drop.kept_draws(w) for w in unit) if self._kept else unit
+
+    def all(self):
+        """Every unit, ((r, qd), its two words or their kept_draws), those left drawn as they
+        are taken (a generator, so that a caller may apply each unit's mask as it comes)."""
+        yield from self._ahead
+        for item in self._rest:
+            yield self._held(item)
+
+
+def has_quads(acc_mn: cute.Tensor) -> bool:
+    """Whether a thread's columns of the accumulator (its (rows, cols) view, or the coordinates
+    of one) are whole quads, so that its units are half groups (MaskWords); otherwise
+    (hdim 256's backward) drop_scores draws by column pairs."""
+    return cute.size(acc_mn, mode=[1]) % 4 == 0
+
+
+def drop_scores(acc, coords_mn, head, batch, drop, *, rows_are_queries: bool, negate: bool, words=None):
     """Dropout on accumulator `acc` in place: dropped P -> 0 (the forward, whose keep scale the
     epilogue applies), or -P with `negate` (the backward's marking: the sign carries the mask to
     the dS step, so no mask registers are held across the dP product, and the gradients take the
     keep scale after the products). `rows_are_queries`: S (the forward, the hdim 192/256
     backwards) or S^T (the backwards up to hdim 128). A thread whose columns are whole quads holds
-    half groups; otherwise (hdim 256's backward, 24 keys per warpgroup) the units are column pairs."""
+    half groups; otherwise (hdim 256's backward, 24 keys per warpgroup) the units are column pairs.
+    `words`: the tile's MaskWords, when the step began drawing before its scores arrived
+    (has_quads(coords_mn) must hold)."""
     acc_mn = layout_utils.reshape_acc_to_mn(acc)
-    if cute.size(acc_mn, mode=[1]) % 4 == 0:
-        _drop_quads(acc_mn, quad_words(acc_mn, coords_mn, head, batch, drop, rows_are_queries), drop,
-                    rows_are_queries, negate)
+    if has_quads(acc_mn):
+        if words is None:
+            words = MaskWords(coords_mn, head, batch, drop, rows_are_queries=rows_are_queries, ahead=0)
+        _drop_quads(acc_mn, words.all(), drop, rows_are_queries, negate)
     else:
         assert rows_are_queries, "column pairs are drawn in the forward's orientation only"
         _drop_pairs(acc_mn, coords_mn, head, batch, drop, negate)
@@ -338,9 +394,20 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
     function FA4 builds with them (later steps may get none); pack_gqa must be off so that
     accumulator rows are query positions. `threshold_above_half`: see DropoutParams."""
 
-    # For scripts/gpu_dropout_forward_probe.py: off, every step drops the 32-bit P (the path
-    # before the converted one); on in the product.
+    # For scripts/gpu_dropout_forward_probe.py: DROP_CONVERTED off, every step drops the 32-bit P
+    # (the path before the converted one); DRAW_AHEAD off, converted steps draw after S arrives
+    # (the path before drawing ahead). Both on in the product.
     DROP_CONVERTED = True
+    DRAW_AHEAD = True
+    AHEAD_UNITS = None   # units of a step's mask drawn ahead (MaskWords); None: ahead_units' rule
+
+    def ahead_units(self) -> int:
+        """A converted step's units drawn while its products run: all eight of a thread's where
+        the consumers have 224-240 registers (two consumer warpgroups, hdim 128), two where they
+        have 160 (three, hdim 64), the most that compiled without spills (sm_90a, ptxas 13)."""
+        if self.AHEAD_UNITS is not None:
+            return self.AHEAD_UNITS
+        return 8 if self.num_mma_regs >= 224 else 2
 
     def __init__(self, *args, threshold_above_half: bool = False, **kwargs):
         self.threshold_above_half = threshold_above_half
@@ -351,12 +418,14 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         self._drop, arguments = drop_params_of_mma(FlashAttentionForwardSm90.mma, self, args, kwargs,
                                                    self.threshold_above_half)
         self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(arguments["tidx"])
+        self._draw_pending = self._words = None
         return super().mma(*args, **kwargs)
 
     def _dropping(self, kwargs, converted: bool):
         """kwargs of a per-tile step with its softmax replaced by one that also drops, on the
         converted P when `converted` and the step reads P from registers. The tile's (batch,
-        head, query tile) are noted from FA4's mask function when the step gets one."""
+        head, query tile) are noted from FA4's mask function when the step gets one.
+        A converted step draws its mask while its products run (see warp_scheduler_barrier_arrive)."""
         mask_fn, n_block = kwargs.get("mask_fn"), kwargs["n_block"]
         if mask_fn is not None:
             kw = mask_fn.keywords
@@ -365,13 +434,31 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         coords_mn = tile_coords(self._thr_mma_qk, (self.tile_m, self.tile_n),
                                 (m_block * self.tile_m, n_block * self.tile_n))
         converted = converted and self.DROP_CONVERTED and self.mma_pv_is_rs and not self.rescale_O_before_gemm
+        ahead = converted and self.DRAW_AHEAD
+        if ahead:
+            self._draw_pending = lambda: MaskWords(coords_mn, head, batch, self._drop, rows_are_queries=True,
+                                                   ahead=self.ahead_units(), kept=True)
 
         def apply(acc_S):
-            if converted:
-                drop_converted(kwargs["tOrP"], acc_S, coords_mn, head, batch, self._drop)
+            if ahead:
+                assert self._words is not None, "the step reached its softmax without passing its barrier arrive"
+                drop_converted(kwargs["tOrP"], acc_S, self._words)
+                self._words = None
+            elif converted:
+                words = MaskWords(coords_mn, head, batch, self._drop, rows_are_queries=True, ahead=0, kept=True)
+                drop_converted(kwargs["tOrP"], acc_S, words)
             else:
                 drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False)
         return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], apply, converted))
+
+    def warp_scheduler_barrier_arrive(self):
+        """FA4's arrive, which its steps reach after issuing their products and before waiting
+        for S: a pending step's mask begins here (MaskWords), so its Philox rounds run while the
+        tensor cores do. The words are held before the arrive (which ptxas keeps in place), else
+        ptxas sinks the rounds past the wait."""
+        if self._draw_pending is not None:
+            self._words, self._draw_pending = self._draw_pending(), None
+        super().warp_scheduler_barrier_arrive()
 
     def epilogue(self, acc_O, *args, **kwargs):
         acc_O.store(acc_O.load() * self._drop.scale)
