@@ -12,8 +12,9 @@ Forward (dropout_sm90.DropoutForwardSm90):
   scores      every step drops the 32-bit P (one compare and one select per score), drawn
               after the scores arrive.
 Backward (bwd_sm90.OrderedBackwardSm90):
-  ahead       the product: AHEAD_UNITS of a thread's mask drawn while S and dP are computed;
-  ahead-2     two units drawn ahead;
+  ahead       the product: its ahead_units rule's units of a thread's mask drawn while S and
+              dP are computed (none above hdim 64);
+  ahead-4     four units drawn ahead;
   inline      all drawn after S arrives.
 
 (Commit 476deaa had a forward variant `draw-warps`: the words drawn by the producer warpgroup's
@@ -51,8 +52,8 @@ KERNELS = {
     "fwd": (dropout_sm90.DropoutForwardSm90, fwd_sm90, dict(DROP_CONVERTED=True, DRAW_AHEAD=True, AHEAD_UNITS=None),
             {"ahead": {}, "ahead-2": dict(AHEAD_UNITS=2), "converted": dict(DRAW_AHEAD=False),
              "scores": dict(DROP_CONVERTED=False)}),
-    "bwd": (bwd_sm90.OrderedBackwardSm90, bwd_sm90, dict(AHEAD_UNITS=bwd_sm90.OrderedBackwardSm90.AHEAD_UNITS),
-            {"ahead": {}, "ahead-2": dict(AHEAD_UNITS=2), "inline": dict(AHEAD_UNITS=0)}),
+    "bwd": (bwd_sm90.OrderedBackwardSm90, bwd_sm90, dict(AHEAD_UNITS=None),
+            {"ahead": {}, "ahead-4": dict(AHEAD_UNITS=4), "inline": dict(AHEAD_UNITS=0)}),
 }
 
 

@@ -73,9 +73,8 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
     RECORD_WAITS = False
     # Units (half groups, eight scores) of a step's dropout mask drawn while its products run
-    # (dropout_sm90.MaskWords): four, all of a thread's at hdim 96-128 and half at hdim 64, the
-    # most that compiled without spilling or serialising the products (sm_90a, ptxas 13).
-    AHEAD_UNITS = 4
+    # (dropout_sm90.MaskWords); None: ahead_units' rule.
+    AHEAD_UNITS = None
 
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
                  dropout: bool = False, **kwargs):
@@ -276,6 +275,15 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                 fa4_utils.atomic_add_i32(cycles, counters[(row, None)].iterator + col)
 
 
+    def ahead_units(self) -> int:
+        """A dropout step's units drawn while S and dP are computed: four (half a thread's) at
+        hdim 64, where that took 6-7 % off the backward with dropout (H100); none above, where a
+        thread holds four units and drawing them ahead gained nothing at causal masks and cost
+        9 % at full ones (spills). Eight at hdim 64 serialised the products (ptxas)."""
+        if self.AHEAD_UNITS is not None:
+            return self.AHEAD_UNITS
+        return 4 if self.tile_hdim <= 64 else 0
+
     def mma_one_m_block(self, *args, **kwargs):
         """One Q tile of a KV tile's loop: FA4's step, or ours when dropout is on."""
         if not self.dropout:
@@ -318,7 +326,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         words = None
         if const_expr(dropout_sm90.has_quads(coords_mn)):
             words = dropout_sm90.MaskWords(coords_mn, tile["head_idx"], tile["batch_idx"], drop,
-                                           rows_are_queries=not self.SdP_swapAB, ahead=self.AHEAD_UNITS)
+                                           rows_are_queries=not self.SdP_swapAB, ahead=self.ahead_units())
         warpgroup.wait_group(1)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, m_block=m_block)

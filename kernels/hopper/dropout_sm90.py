@@ -230,6 +230,18 @@ def _held_before_barrier(words, never_zero, *, loc=None, ip=None) -> None:
         "r,r,r,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
+@dsl_user_op
+def _read_after_barrier(value, never_zero, *, loc=None, ip=None) -> Uint32:
+    """`value`, made to be read after the previous barrier instruction: it passes through a
+    shared-memory load predicated on `never_zero` being 0 (never at run time), which ptxas keeps
+    after a barrier, so what is computed from it cannot be hoisted above the barrier. No load
+    executes."""
+    return Uint32(llvm.inline_asm(
+        T.i32(), [Uint32(value).ir_value(loc=loc, ip=ip), Uint32(never_zero).ir_value(loc=loc, ip=ip)],
+        "{ .reg .pred p; .reg .u32 a; setp.eq.u32 p, $2, 0; mov.u32 a, 0; mov.b32 $0, $1; @p ld.shared.u32 $0, [a]; }",
+        "=r,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
 def _mn_places(acc: cute.Tensor) -> list:
     """For each element of the P.V operand view of `acc` (reshape_acc_to_frgA, the order FA4's
     conversion writes the 16-bit P in), its (row, column) in the (rows, cols) view. Both views
@@ -436,8 +448,13 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         converted = converted and self.DROP_CONVERTED and self.mma_pv_is_rs and not self.rescale_O_before_gemm
         ahead = converted and self.DRAW_AHEAD
         if ahead:
-            self._draw_pending = lambda: MaskWords(coords_mn, head, batch, self._drop, rows_are_queries=True,
-                                                   ahead=self.ahead_units(), kept=True)
+            def draw():   # between the arrive and the wait: see warp_scheduler_barrier_arrive
+                n_block_after = cutlass.Int32(_read_after_barrier(n_block, self._drop.threshold_top))
+                coords = tile_coords(self._thr_mma_qk, (self.tile_m, self.tile_n),
+                                     (m_block * self.tile_m, n_block_after * self.tile_n))
+                return MaskWords(coords, head, batch, self._drop, rows_are_queries=True,
+                                 ahead=self.ahead_units(), kept=True)
+            self._draw_pending = draw
 
         def apply(acc_S):
             if ahead:
@@ -456,9 +473,9 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         for S: a pending step's mask begins here (MaskWords), so its Philox rounds run while the
         tensor cores do. The words are held before the arrive (which ptxas keeps in place), else
         ptxas sinks the rounds past the wait."""
+        super().warp_scheduler_barrier_arrive()
         if self._draw_pending is not None:
             self._words, self._draw_pending = self._draw_pending(), None
-        super().warp_scheduler_barrier_arrive()
 
     def epilogue(self, acc_O, *args, **kwargs):
         acc_O.store(acc_O.load() * self._drop.scale)
