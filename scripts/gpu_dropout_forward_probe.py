@@ -4,21 +4,19 @@ backward, `descending`, from a forward done once), on the same inputs in one pro
 dropout and with p = 0.1 under each variant of the kernel class's switches.
 
 Forward (dropout_sm90.DropoutForwardSm90):
-  ahead       the product: P dropped after its conversion to 16 bits (four draws compared at
-              once, one AND per two scores), except in the first step of a tile, with the
-              mask drawn while the step's products run (its ahead_units rule);
-  ahead-2     the same with two units (16 scores) of a thread's drawn ahead, the rest after;
-  converted   the same, all drawn after the scores arrive;
-  scores      every step drops the 32-bit P (one compare and one select per score), drawn
-              after the scores arrive.
+  converted   the product: P dropped after its conversion to 16 bits (four draws compared at
+              once, one AND per two scores), except in the first step of a tile;
+  scores      every step drops the 32-bit P (one compare and one select per score).
 Backward (bwd_sm90.OrderedBackwardSm90):
   ahead       the product: its ahead_units rule's units of a thread's mask drawn while S and
               dP are computed (none above hdim 64);
   ahead-4     four units drawn ahead;
   inline      all drawn after S arrives.
 
-(Commit 476deaa had a forward variant `draw-warps`: the words drawn by the producer warpgroup's
-three idle warps into shared memory; slower, removed: docs/benchmarks/dropout-forward-2026-11-24-h100/.)
+(Removed forward variants, slower than `converted`: `draw-warps` (commit 476deaa), the words
+drawn by the producer warpgroup's three idle warps into shared memory
+(docs/benchmarks/dropout-forward-2026-11-24-h100/); `ahead` (commit c92b81f and the one after it),
+the words drawn while the step's products run (docs/benchmarks/dropout-ahead-2026-11-24-h100/).)
 
 All give the same bits (checked here: each variant's outputs against the first's; the mask is
 the same, tests/test_gpu_dropout.py reads it out). Rounds are interleaved (every variant once
@@ -49,9 +47,8 @@ POINTS = [(128, True, 2048), (128, True, 8192), (128, False, 2048), (64, True, 8
 # kernel -> (class whose switches are set, module whose compile cache is swapped, the product's
 # switches, variants' switches)
 KERNELS = {
-    "fwd": (dropout_sm90.DropoutForwardSm90, fwd_sm90, dict(DROP_CONVERTED=True, DRAW_AHEAD=True, AHEAD_UNITS=None),
-            {"ahead": {}, "ahead-2": dict(AHEAD_UNITS=2), "converted": dict(DRAW_AHEAD=False),
-             "scores": dict(DROP_CONVERTED=False)}),
+    "fwd": (dropout_sm90.DropoutForwardSm90, fwd_sm90, dict(DROP_CONVERTED=True),
+            {"converted": {}, "scores": dict(DROP_CONVERTED=False)}),
     "bwd": (bwd_sm90.OrderedBackwardSm90, bwd_sm90, dict(AHEAD_UNITS=None),
             {"ahead": {}, "ahead-4": dict(AHEAD_UNITS=4), "inline": dict(AHEAD_UNITS=0)}),
 }
@@ -86,7 +83,7 @@ def _calls(kernel, point, inputs, p_drop):
         return fwd_sm90.attention_forward(q, k, v, softmax_scale=hd ** -0.5, causal=causal, dropout_p=p_drop, seed=7)
     if kernel == "fwd":
         return lambda: forward()[0]
-    _set_switches("fwd", "ahead", {})
+    _set_switches("fwd", "converted", {})
     out, lse = forward()
     return lambda: dispatch.attention_backward(do, q, k, v, out, lse, softmax_scale=hd ** -0.5, causal=causal,
                                                schedule="descending", deterministic=True, backend="hopper",
@@ -114,7 +111,7 @@ def main(out_dir, points, rounds, kernel="fwd", variants=None):
                 times[point][variant].append(triton.testing.do_bench(call, warmup=25, rep=100))
                 print(f"  {variant} {point}: {times[point][variant][-1]:.3f} ms", flush=True)
         print(f"round {r + 1}/{rounds} done", flush=True)
-    _set_switches(kernel, "ahead", {})
+    _set_switches(kernel, next(iter(KERNELS[kernel][3])), {})   # the product's
     results = {}
     for (hd, causal, s), row in times.items():
         ms = {v: statistics.median(t) for v, t in row.items()}

@@ -230,18 +230,6 @@ def _held_before_barrier(words, never_zero, *, loc=None, ip=None) -> None:
         "r,r,r,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
 
-@dsl_user_op
-def _read_after_barrier(value, never_zero, *, loc=None, ip=None) -> Uint32:
-    """`value`, made to be read after the previous barrier instruction: it passes through a
-    shared-memory load predicated on `never_zero` being 0 (never at run time), which ptxas keeps
-    after a barrier, so what is computed from it cannot be hoisted above the barrier. No load
-    executes."""
-    return Uint32(llvm.inline_asm(
-        T.i32(), [Uint32(value).ir_value(loc=loc, ip=ip), Uint32(never_zero).ir_value(loc=loc, ip=ip)],
-        "{ .reg .pred p; .reg .u32 a; setp.eq.u32 p, $2, 0; mov.u32 a, 0; mov.b32 $0, $1; @p ld.shared.u32 $0, [a]; }",
-        "=r,r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
 def _mn_places(acc: cute.Tensor) -> list:
     """For each element of the P.V operand view of `acc` (reshape_acc_to_frgA, the order FA4's
     conversion writes the 16-bit P in), its (row, column) in the (rows, cols) view. Both views
@@ -279,13 +267,16 @@ def tile_coords(thr_mma, shape, offset):
 
 class MaskWords:
     """A tile's mask words for one thread (quad_words, in drawing order): the first `ahead` units
-    (half groups, eight scores each) drawn at once, the rest when `all()` is asked for. A step
-    makes one between issuing its products and waiting for them: nothing here reads a score, so
-    the Philox rounds of the units drawn ahead run beside the tensor cores instead of after the
-    scores arrive, and where they are drawn changes no bit. `kept`: hold each word's kept_draws
-    (the forward's converted path) instead of the word. `ahead` is a register budget: what is
-    drawn ahead stays live across the wait (two registers a unit), and past it ptxas spills or
-    serialises the products (docs/benchmarks/ has the counts per kernel)."""
+    (half groups, eight scores each) drawn at once, the rest when `all()` is asked for. The
+    backward makes one between issuing its products and waiting for them: nothing here reads a
+    score, so the Philox rounds of the units drawn ahead run beside the tensor cores instead of
+    after the scores arrive, and where they are drawn changes no bit. `ahead` is a register
+    budget: what is drawn ahead stays live across the wait (two registers a unit), and past it
+    ptxas spills or serialises the products. `kept`: hold each word's kept_draws (the forward's
+    converted path) instead of the word.
+    The forward draws nothing ahead: there, while one consumer warpgroup waits for its scores the
+    other runs its softmax on the same schedulers, and rounds drawn in the wait lengthened that
+    softmax (1.36x -> 1.50x forward cost at hdim128 causal 8k, H100; docs/benchmarks/)."""
 
     def __init__(self, coords_mn, head, batch, drop, *, rows_are_queries: bool, ahead: int, kept: bool = False):
         self._drop, self._kept = drop, kept
@@ -406,20 +397,10 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
     function FA4 builds with them (later steps may get none); pack_gqa must be off so that
     accumulator rows are query positions. `threshold_above_half`: see DropoutParams."""
 
-    # For scripts/gpu_dropout_forward_probe.py: DROP_CONVERTED off, every step drops the 32-bit P
-    # (the path before the converted one); DRAW_AHEAD off, converted steps draw after S arrives
-    # (the path before drawing ahead). Both on in the product.
+    # For scripts/gpu_dropout_forward_probe.py: off, every step drops the 32-bit P (the path
+    # before the converted one); on in the product. (Drawing the mask while the step's products
+    # run, as the backward does at hdim 64, made this forward slower: see MaskWords.)
     DROP_CONVERTED = True
-    DRAW_AHEAD = True
-    AHEAD_UNITS = None   # units of a step's mask drawn ahead (MaskWords); None: ahead_units' rule
-
-    def ahead_units(self) -> int:
-        """A converted step's units drawn while its products run: all eight of a thread's where
-        the consumers have 224-240 registers (two consumer warpgroups, hdim 128), two where they
-        have 160 (three, hdim 64), the most that compiled without spills (sm_90a, ptxas 13)."""
-        if self.AHEAD_UNITS is not None:
-            return self.AHEAD_UNITS
-        return 8 if self.num_mma_regs >= 224 else 2
 
     def __init__(self, *args, threshold_above_half: bool = False, **kwargs):
         self.threshold_above_half = threshold_above_half
@@ -430,14 +411,12 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         self._drop, arguments = drop_params_of_mma(FlashAttentionForwardSm90.mma, self, args, kwargs,
                                                    self.threshold_above_half)
         self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(arguments["tidx"])
-        self._draw_pending = self._words = None
         return super().mma(*args, **kwargs)
 
     def _dropping(self, kwargs, converted: bool):
         """kwargs of a per-tile step with its softmax replaced by one that also drops, on the
         converted P when `converted` and the step reads P from registers. The tile's (batch,
-        head, query tile) are noted from FA4's mask function when the step gets one.
-        A converted step draws its mask while its products run (see warp_scheduler_barrier_arrive)."""
+        head, query tile) are noted from FA4's mask function when the step gets one."""
         mask_fn, n_block = kwargs.get("mask_fn"), kwargs["n_block"]
         if mask_fn is not None:
             kw = mask_fn.keywords
@@ -446,36 +425,14 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         coords_mn = tile_coords(self._thr_mma_qk, (self.tile_m, self.tile_n),
                                 (m_block * self.tile_m, n_block * self.tile_n))
         converted = converted and self.DROP_CONVERTED and self.mma_pv_is_rs and not self.rescale_O_before_gemm
-        ahead = converted and self.DRAW_AHEAD
-        if ahead:
-            def draw():   # between the arrive and the wait: see warp_scheduler_barrier_arrive
-                n_block_after = cutlass.Int32(_read_after_barrier(n_block, self._drop.threshold_top))
-                coords = tile_coords(self._thr_mma_qk, (self.tile_m, self.tile_n),
-                                     (m_block * self.tile_m, n_block_after * self.tile_n))
-                return MaskWords(coords, head, batch, self._drop, rows_are_queries=True,
-                                 ahead=self.ahead_units(), kept=True)
-            self._draw_pending = draw
 
         def apply(acc_S):
-            if ahead:
-                assert self._words is not None, "the step reached its softmax without passing its barrier arrive"
-                drop_converted(kwargs["tOrP"], acc_S, self._words)
-                self._words = None
-            elif converted:
+            if converted:
                 words = MaskWords(coords_mn, head, batch, self._drop, rows_are_queries=True, ahead=0, kept=True)
                 drop_converted(kwargs["tOrP"], acc_S, words)
             else:
                 drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False)
         return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], apply, converted))
-
-    def warp_scheduler_barrier_arrive(self):
-        """FA4's arrive, which its steps reach after issuing their products and before waiting
-        for S: a pending step's mask begins here (MaskWords), so its Philox rounds run while the
-        tensor cores do. The words are held before the arrive (which ptxas keeps in place), else
-        ptxas sinks the rounds past the wait."""
-        super().warp_scheduler_barrier_arrive()
-        if self._draw_pending is not None:
-            self._words, self._draw_pending = self._draw_pending(), None
 
     def epilogue(self, acc_O, *args, **kwargs):
         acc_O.store(acc_O.load() * self._drop.scale)
