@@ -16,7 +16,7 @@ Backward (bwd_sm90.OrderedBackwardSm90):
 (Removed forward variants, slower than `converted`: `draw-warps` (commit 476deaa), the words
 drawn by the producer warpgroup's three idle warps into shared memory
 (docs/benchmarks/dropout-forward-2026-11-24-h100/); `ahead` (commit c92b81f and the one after it),
-the words drawn while the step's products run (docs/benchmarks/dropout-ahead-2026-11-24-h100/).)
+the words drawn while the step's products run (docs/benchmarks/dropout-overlap-2026-11-24-h100/).)
 
 All give the same bits (checked here: each variant's outputs against the first's; the mask is
 the same, tests/test_gpu_dropout.py reads it out). Rounds are interleaved (every variant once
