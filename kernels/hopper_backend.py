@@ -73,7 +73,7 @@ class HopperBackend:
 
     def tiles(self, r) -> HopperTiles:
         causal, local, _, _ = hopper.fa4_mask(r.causal, r.window_left, r.window_right)
-        block_m, block_n = hopper.bwd_tiles(r.head_dim, causal or local)   # windows tile like causal
+        block_m, block_n = hopper.bwd_tiles(r.head_dim, causal or local, r.dropout)   # windows tile like causal
         # Groups: the plan's defaults (shift: a whole head up to 64 KV tiles, split evenly beyond;
         # arrival: groups of 64, the top one first), which the head-by-head launch keeps
         # co-resident (hopper.RESIDENT_SLOTS).

@@ -11,7 +11,10 @@ Backward (bwd_sm90.OrderedBackwardSm90):
   ahead       the product: its ahead_units rule's units of a thread's mask drawn while S and
               dP are computed (none above hdim 64);
   ahead-4     four units drawn ahead;
-  inline      all drawn after S arrives.
+  inline      all drawn after S arrives;
+  full-80     full masks at hdim 128 on FA4's 80-row Q tiles, where the product takes 64-row
+              ones with dropout (tile_table.DROPOUT_FULL_TILES). Its bits differ from the
+              product's (other tiles, other sums), which the bits check reports.
 
 (Removed forward variants, slower than `converted`: `draw-warps` (commit 476deaa), the words
 drawn by the producer warpgroup's three idle warps into shared memory
@@ -41,17 +44,20 @@ import triton
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from dash_plugin.bench.protocol import random_inputs  # noqa: E402
 from dash_plugin import dispatch  # noqa: E402
-from dash_plugin.kernels.hopper import bwd_sm90, dropout_sm90, fwd_sm90  # noqa: E402
+from dash_plugin.kernels.hopper import bwd_sm90, dropout_sm90, fwd_sm90, tile_table  # noqa: E402
 
 POINTS = [(128, True, 2048), (128, True, 8192), (128, False, 2048), (64, True, 8192)]
+_PRODUCT_FULL_TILES = dict(tile_table.DROPOUT_FULL_TILES)
 # kernel -> (class whose switches are set, module whose compile cache is swapped, the product's
 # switches, variants' switches)
 KERNELS = {
     "fwd": (dropout_sm90.DropoutForwardSm90, fwd_sm90, dict(DROP_CONVERTED=True),
             {"converted": {}, "scores": dict(DROP_CONVERTED=False)}),
-    "bwd": (bwd_sm90.OrderedBackwardSm90, bwd_sm90, dict(AHEAD_UNITS=None),
-            {"ahead": {}, "ahead-4": dict(AHEAD_UNITS=4), "inline": dict(AHEAD_UNITS=0)}),
+    "bwd": (bwd_sm90.OrderedBackwardSm90, bwd_sm90, dict(AHEAD_UNITS=None, DROPOUT_FULL_TILES=_PRODUCT_FULL_TILES),
+            {"ahead": {}, "ahead-4": dict(AHEAD_UNITS=4), "inline": dict(AHEAD_UNITS=0),
+             "full-80": dict(DROPOUT_FULL_TILES={})}),
 }
+_MODULE_SWITCHES = {"DROPOUT_FULL_TILES": tile_table}   # switches that are module attributes
 
 
 def _point(text):
@@ -70,7 +76,7 @@ _COMPILED = {}   # (kernel, variant) -> its compiled kernels: the switches are r
 def _set_switches(kernel, variant, switches):
     cls, module, product, _ = KERNELS[kernel]
     for name, value in dict(product, **switches).items():
-        setattr(cls, name, value)
+        setattr(_MODULE_SWITCHES.get(name, cls), name, value)
     module._compiled = _COMPILED.setdefault((kernel, variant), {})
 
 

@@ -185,6 +185,16 @@ def test_windows_in_fa4s_terms(causal, left, right, want):
     assert fa4_mask(causal, left, right) == want
 
 
+def test_full_masks_at_hdim128_take_the_masked_tiles_with_dropout_only():
+    assert BACKEND.tiles(request("ascending", 2048, 128, False))[:2] == bwd_tiles(128, False) == (80, 128)
+    assert BACKEND.tiles(request("ascending", 2048, 128, False, dropout=True))[:2] == (64, 128)
+    assert bwd_tiles(128, False, dropout=True) == bwd_tiles(128, True)
+    for d in HEAD_DIMS:   # masked tiles and the other head dims do not change with dropout
+        assert bwd_tiles(d, True, dropout=True) == bwd_tiles(d, True)
+        if d != 128:
+            assert bwd_tiles(d, False, dropout=True) == bwd_tiles(d, False)
+
+
 def test_windows_and_softcap_run_here_softcap_with_dropout_does_not(monkeypatch):
     from dash_plugin.kernels import hopper, hopper_backend
     monkeypatch.setattr(hopper_backend, "_is_sm90", lambda device: True)   # as on an H100

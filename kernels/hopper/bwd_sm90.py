@@ -555,11 +555,14 @@ def _head_by_head_schedulers(top_group: int):
                  for cls in (_HeadByHeadScheduler, _HeadByHeadVarlenScheduler))
 
 
-def tiles(head_dim: int, causal: bool, local: bool = False):
+def tiles(head_dim: int, causal: bool, local: bool = False, dropout: bool = False):
     """FA4's sm90 config for (head dim, mask); its block sizes must be our committed table's,
-    or the plan would not be the order the kernel runs."""
-    cfg = fa4._tile_size_bwd_sm90(head_dim, head_dim, causal, local)
-    ours = bwd_tiles(head_dim, causal or local)
+    or the plan would not be the order the kernel runs. Where our table gives a full mask with
+    dropout the masked tiles, FA4's config for masked tiles is taken (it differs from the full
+    one in its tiles alone; the mask itself is passed apart)."""
+    ours = bwd_tiles(head_dim, causal or local, dropout)
+    masked_config = causal or local or ours == bwd_tiles(head_dim, True)
+    cfg = fa4._tile_size_bwd_sm90(head_dim, head_dim, masked_config, local)
     if (cfg.m_block_size, cfg.n_block_size) != ours:
         raise RuntimeError(f"flash-attn-4's sm90 tiles {cfg.m_block_size}x{cfg.n_block_size} for "
                            f"head_dim={head_dim} differ from ours {ours}: "
@@ -602,7 +605,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     """dq, dk, dv of dense (B, S, H, D) fp16/bf16 inputs, `lse` (B, H_q, S_q), or of packed ones
     (T, H, D) with int32 `cu_seqlens_q/k` and the true longest lengths `max_seqlen_q/k` (they size
     the counters), `lse` (H_q, T_q); natural log, as the forward returns it. `tables` must be built
-    with `tiles(D, causal, local)`; a packed batch needs a computed order (visit_tables.batch_tables).
+    with `tiles(D, causal, local, dropout)`; a packed batch needs a computed order (visit_tables.batch_tables).
     Windows and softcap are ours in meaning (-1: unlimited side; s -> softcap * tanh(s / softcap)),
     run as FA4's local mask and softcap score_mod. With dropout_p > 0 the forward's mask (same seed)
     is drawn again in the kernel (not with softcap: the dropout step applies no score_mod)."""
@@ -619,7 +622,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
         batch, seqlen_q, heads, head_dim = q.shape
         seqlen_k, heads_kv = k.shape[1], k.shape[2]
     causal, local, window_size_left, window_size_right = fa4_mask(causal, window_left, window_right)
-    cfg = tiles(head_dim, causal, local)
+    cfg = tiles(head_dim, causal, local, dropout=dropout_p > 0)
     tm, tn = cfg.m_block_size, cfg.n_block_size
     group = heads // heads_kv
     dtype = torch2cute_dtype_map[q.dtype]

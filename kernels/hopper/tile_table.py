@@ -12,12 +12,20 @@ _BWD_TILES = {
 }
 
 
+# With dropout, full masks at hdim 128 take the masked tiles: the dropout step's registers on
+# 80-row tiles spill (80 bytes, in the per-step loop), on 64-row ones they do not.
+# scripts/gpu_dropout_forward_probe.py --kernel bwd empties it to time the 80-row tiles.
+DROPOUT_FULL_TILES = {128: (64, 128)}
+
 HEAD_DIMS = tuple(sorted(_BWD_TILES))   # what the Hopper kernels run
 
 
-def bwd_tiles(head_dim: int, masked: bool) -> tuple[int, int]:
-    """(block_m, block_n); `masked`: a causal or sliding-window mask (FA4 tiles both alike)."""
+def bwd_tiles(head_dim: int, masked: bool, dropout: bool = False) -> tuple[int, int]:
+    """(block_m, block_n); `masked`: a causal or sliding-window mask (FA4 tiles both alike);
+    `dropout`: the call drops (DROPOUT_FULL_TILES)."""
     if head_dim not in _BWD_TILES:
         raise ValueError(f"head_dim={head_dim}: the Hopper backward has tiles for {sorted(_BWD_TILES)}")
     masked_tiles, full_tiles = _BWD_TILES[head_dim]
+    if dropout and not masked:
+        full_tiles = DROPOUT_FULL_TILES.get(head_dim, full_tiles)
     return masked_tiles if masked else full_tiles
