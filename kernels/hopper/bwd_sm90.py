@@ -605,7 +605,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     """dq, dk, dv of dense (B, S, H, D) fp16/bf16 inputs, `lse` (B, H_q, S_q), or of packed ones
     (T, H, D) with int32 `cu_seqlens_q/k` and the true longest lengths `max_seqlen_q/k` (they size
     the counters), `lse` (H_q, T_q); natural log, as the forward returns it. `tables` must be built
-    with `tiles(D, causal, local, dropout)`; a packed batch needs a computed order (visit_tables.batch_tables).
+    with `tiles(D, causal, local, dropout)`; a packed batch needs a computed order
+    (visit_tables.batch_tables).
     Windows and softcap are ours in meaning (-1: unlimited side; s -> softcap * tanh(s / softcap)),
     run as FA4's local mask and softcap score_mod. With dropout_p > 0 the forward's mask (same seed)
     is drawn again in the kernel (not with softcap: the dropout step applies no score_mod)."""

@@ -168,8 +168,8 @@ def _unit_words(drop, anchors, u, odd, head, batch, rows_are_queries):
 def quad_words(coords_mn: cute.Tensor, head, batch, drop, rows_are_queries: bool):
     """((r, qd), (word 0, word 1)) at trace time, in drawing order: this thread's two words of the
     group holding row pair (r, r + 1) and column quad qd of the accumulator whose (rows, cols)
-    view has the coordinates `coords_mn`. A thread's row pair is rows x, x+8 and its column quad columns y, y+1, y+8, y+9:
-    half a group, the partner lane (lane ^ 4) holding rows x+1, x+9. Entry (r + dr, 4 qd + q) is
+    view has the coordinates `coords_mn`. A thread's row pair is rows x, x+8 and its column quad
+    columns y, y+1, y+8, y+9: half a group, the partner lane (lane ^ 4) holding rows x+1, x+9. Entry (r + dr, 4 qd + q) is
     word q % 2 of the two, byte 2*bit3(query) + bit3(key): 2*dr + q // 2 with rows = queries,
     2 * (q // 2) + dr with rows = keys. A generator, so that a caller may apply each quad's mask
     as soon as its words are drawn."""
@@ -243,8 +243,8 @@ def _mn_places(acc: cute.Tensor) -> list:
 
 def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, words: MaskWords):
     """Dropout on the forward's P after its conversion to 16 bits (`tOrP`, converted from `acc`,
-    rows = queries; `words`: the tile's, made with kept=True): dropped entries -> 0. A converted pair (i, j),
-    (i, j+1) is one 32-bit register, and its two draws sit at the same byte of the thread's two
+    rows = queries; `words`: the tile's, made with kept=True): dropped entries -> 0. A converted
+    pair (i, j), (i, j+1) is one 32-bit register, and its two draws sit at the same byte of the thread's two
     words of their group (column parity 0 and 1), so kept_draws compares four draws at once, one
     PRMT spreads the two verdicts over the pair's halves and one AND applies them: 1.75
     instructions a score where the 32-bit path (_drop_quads) takes 2.75."""

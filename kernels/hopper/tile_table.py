@@ -1,6 +1,6 @@
 """Tile sizes of the Hopper backward: a fixed table (no autotuning), so two processes build the
 same plan and the same bits. They are the tiles of the pinned flash-attn-4 sm90 kernel, which
-`bwd_sm90.tiles` checks at run time."""
+`bwd_sm90.tiles` checks at run time (with dropout, one of FA4's other configs: DROPOUT_FULL_TILES)."""
 
 # head dim -> (block_m, block_n) for (causal or windowed, full). hdim 128 full uses 80-row Q tiles.
 _BWD_TILES = {
