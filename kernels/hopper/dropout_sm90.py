@@ -169,9 +169,9 @@ def quad_words(coords_mn: cute.Tensor, head, batch, drop, rows_are_queries: bool
     """((r, qd), (word 0, word 1)) at trace time, in drawing order: this thread's two words of the
     group holding row pair (r, r + 1) and column quad qd of the accumulator whose (rows, cols)
     view has the coordinates `coords_mn`. A thread's row pair is rows x, x+8 and its column quad
-    columns y, y+1, y+8, y+9: half a group, the partner lane (lane ^ 4) holding rows x+1, x+9. Entry (r + dr, 4 qd + q) is
-    word q % 2 of the two, byte 2*bit3(query) + bit3(key): 2*dr + q // 2 with rows = queries,
-    2 * (q // 2) + dr with rows = keys. A generator, so that a caller may apply each quad's mask
+    columns y, y+1, y+8, y+9: half a group, the partner lane (lane ^ 4) holding rows x+1, x+9.
+    Entry (r + dr, 4 qd + q) is word q % 2 of the two, byte 2*bit3(query) + bit3(key):
+    2*dr + q // 2 with rows = queries, 2 * (q // 2) + dr with rows = keys. A generator, so that a caller may apply each quad's mask
     as soon as its words are drawn."""
     quads = cute.size(coords_mn, mode=[1]) // 4
     odd = odd_row(coords_mn)
