@@ -147,14 +147,25 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             # without a window); under spt's launch the last visible one adds first
             rank = n_max - 1 - n_block if const_expr(self.kv_descending) else n_block - n_min
         else:  # shift: member `lane` of the group starting at KV tile j0
-            length = m_max - m_min
-            lane = n_block % self.group_size
-            j0 = n_block - lane
-            members = cutlass.min(self.group_size, cute.ceil_div(seqlen.seqlen_k, self.tile_n) - j0)
-            i = (lane + step) % length
-            m_block = m_min + i
-            rank = j0 + (cutlass.min(i, members - 1) - lane + members) % members
+            group = self._shift_group(seqlen, n_block)
+            m_block, rank = self._shift_visit(group, m_min, (group[0] + step) % (m_max - m_min))
         return m_block, rank
+
+    def _shift_group(self, seqlen, n_block):
+        """(lane, j0, members) of KV tile `n_block` under `shift`: its place in its group, the
+        group's first KV tile and its size."""
+        lane = n_block % self.group_size
+        j0 = n_block - lane
+        return lane, j0, cutlass.min(self.group_size, cute.ceil_div(seqlen.seqlen_k, self.tile_n) - j0)
+
+    @staticmethod
+    def _shift_visit(group, m_min, i):
+        """(Q tile, rank) of a `shift` member's visit to its i-th Q tile from m_min. The rank's
+        wrap needs no division: min(i, members - 1) - lane + members lies in [1, 2 members - 1]
+        (lane < members)."""
+        lane, j0, members = group
+        place = cutlass.min(i, members - 1) - lane + members
+        return m_min + i, j0 + place - cutlass.select_(place >= members, members, 0)
 
     @cute.jit
     def dQaccum_store(self, mdQaccum: cute.Tensor, sdQaccum: cute.Tensor, block_info,
@@ -184,6 +195,21 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                     ahead = cutlass.min(step + 1, count - 1)
                     seen = self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane, n_block,
                                              seen, step + 1 < count, q_tiles[ahead], ranks[ahead])
+            elif const_expr(self.visit == "shift"):
+                # The visit index i walks the Q tiles cyclically from lane % count: carried from
+                # step to step, so the writer's loop (the ordered adds' chain) does no division.
+                m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
+                count = m_block_max - m_block_min
+                group = self._shift_group(seqlen, n_block)
+                i = group[0] % cutlass.max(count, 1)
+                m_block, rank = self._shift_visit(group, m_block_min, i)
+                for step in cutlass.range(count, unroll=1):
+                    i = i + 1
+                    i = cutlass.select_(i == count, 0, i)
+                    next_m_block, next_rank = self._shift_visit(group, m_block_min, i)
+                    seen = self._add_dq_tile(sdQaccum, gdQ, counters, m_block, rank, lane, n_block,
+                                             seen, step + 1 < count, next_m_block, next_rank)
+                    m_block, rank = next_m_block, next_rank
             else:
                 m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
                 count = m_block_max - m_block_min
