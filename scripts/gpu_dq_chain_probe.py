@@ -18,7 +18,8 @@ trip of each add to global memory before the next contributor may start (the pro
 
 Points given after OUT_DIR replace the built-in POINTS; `--variants=a,b,...` times only those
 (`no-release`: neither wait and no counter increment either, so what is left of the ordered
-protocol in the writer's loop is gone too).
+protocol in the writer's loop is gone too; `shift-afresh`: ordered, with the writer computing each
+`shift` visit afresh instead of carrying its index, the same bits).
 
 Writes OUT_DIR/dq_chain.json and prints one line per point (backward TFLOP/s).
 """
@@ -45,11 +46,13 @@ POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (12
           (128, False, 4096, "ascending"), (64, False, 2048, "ascending"), (64, True, 8192, "spt"),
           (128, True, 2048, "arrival")]
 # The OrderedBackwardSm90 switches as the product sets them, and what each variant changes.
-_PRODUCT = dict(WAIT_FOR_RANK=True, WAIT_FOR_LANDING=True, READ_TURN_AHEAD=True, RELEASE_COUNTER=True)
+_PRODUCT = dict(WAIT_FOR_RANK=True, WAIT_FOR_LANDING=True, READ_TURN_AHEAD=True, RELEASE_COUNTER=True,
+                CARRY_SHIFT_VISITS=True)
 VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False),
             "no-rank-wait": dict(WAIT_FOR_RANK=False), "no-landing": dict(WAIT_FOR_LANDING=False),
             "neither": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False),
             "no-release": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False, RELEASE_COUNTER=False),
+            "shift-afresh": dict(CARRY_SHIFT_VISITS=False),
             "atomic": {}}
 
 

@@ -233,6 +233,7 @@ def main():
             stage_time(results, [int(x) for x in a.hdims.split(",")], [int(x) for x in a.seqlens.split(",")], a.gqa,
                        a.masks.split(","), a.repeat, not a.no_triton)
     finally:
+        os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, f"hopper_bwd_{'_'.join(stages)}.json"), "w") as f:
             json.dump(results, f, indent=1)
 

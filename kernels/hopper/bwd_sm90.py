@@ -72,6 +72,9 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # For scripts/gpu_dq_wait_probe.py: the dQ writer also sums the SM clock cycles it spends in
     # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
     RECORD_WAITS = False
+    # For scripts/gpu_dq_chain_probe.py: off, the dQ writer computes each `shift` visit afresh
+    # (two divisions a step) instead of carrying the index; same order and bits. On in the product.
+    CARRY_SHIFT_VISITS = True
     # Units (half groups, eight scores) of a step's dropout mask drawn while its products run
     # (dropout_sm90.MaskWords); None: ahead_units' rule.
     AHEAD_UNITS = None
@@ -195,7 +198,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                     ahead = cutlass.min(step + 1, count - 1)
                     seen = self._add_dq_tile(sdQaccum, gdQ, counters, q_tiles[step], ranks[step], lane, n_block,
                                              seen, step + 1 < count, q_tiles[ahead], ranks[ahead])
-            elif const_expr(self.visit == "shift"):
+            elif const_expr(self.visit == "shift" and self.CARRY_SHIFT_VISITS):
                 # The visit index i walks the Q tiles cyclically from lane % count: carried from
                 # step to step, so the writer's loop (the ordered adds' chain) does no division.
                 m_block_min, m_block_max = block_info.get_m_block_min_max(seqlen, n_block)
