@@ -3,7 +3,8 @@
 Compiles the Hopper forward or backward for sm_90a under torch's FakeTensorMode (nothing is
 launched), has the CuTe DSL keep the SASS, and counts its instructions: all of them and the
 opcodes that dropout adds work to (integer multiply-adds, logic ops, selects, compares, float
-multiplies, shifts, shuffles), next to the MUFU.EX2 and HGMMA the kernel has anyway. Use it to
+multiplies, shifts, shuffles), next to the MUFU.EX2 and HGMMA the kernel has anyway, and its
+local-memory stores and loads (STL, LDL: register spills). Use it to
 see what a change to a per-score step costs before spending GPU time on it: the forward's time
 with dropout has followed its instruction count (docs/benchmarks/dq-release-dropout-2026-11-23-h100/).
 
@@ -24,7 +25,10 @@ import re
 import sys
 import tempfile
 
-OPCODES = ("HGMMA", "MUFU.EX2", "IMAD", "LOP3", "FSEL", "ISETP", "FMUL", "SHF", "SHFL")
+# STL / LDL: local-memory stores and loads, which in these kernels are register spills (ptxas's
+# "bytes spill stores/loads"); a change that makes them appear inside a step loop costs time
+# (docs/benchmarks/dropout-overlap-2026-11-24-h100/).
+OPCODES = ("HGMMA", "MUFU.EX2", "IMAD", "LOP3", "FSEL", "ISETP", "FMUL", "SHF", "SHFL", "STL", "LDL")
 
 
 def count(sass_text: str) -> dict:
