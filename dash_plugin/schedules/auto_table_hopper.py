@@ -6,7 +6,8 @@ head_dim_min (an inclusive lower bound; the head dims 192/256 rules).
 Measured with scripts/gpu_hopper_bwd.py on an NVIDIA H100 80GB HBM3 (132 SMs, torch 2.11.0+cu130,
 flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23, one process, backward TFLOP/s:
 docs/benchmarks/hopper-bwd-2026-11-23-h100/closed-form/, for the shift rows
-docs/benchmarks/hopper-shift-2026-11-23-h100/, for the hdim128 causal row
+docs/benchmarks/hopper-shift-2026-11-23-h100/ (the full hdim128 rule also from
+docs/benchmarks/shift-writer-2026-11-24-h100/), for the hdim128 causal row
 docs/benchmarks/dq-readahead-2026-11-23-h100/. A fixed table, never a timing taken at
 run time.
 """
@@ -72,10 +73,14 @@ RULES = [
     {'mask': 'full', 'head_dim_max': 64, 'schedule': 'ascending',
      'source': 'measured H100 hdim64 full s=2k-16k: shift and ascending within the run-to-run '
                'scatter (2k: 450.8 vs 433.8, then 437.8 vs 443.8)'},
-    {'mask': 'full', 'seqlen_max': 2048, 'schedule': 'shift',
-     'source': 'measured H100 hdim128 full s=1k/2k: shift 398.6/482.6 and 396.9/473.4, ascending '
-               '361.0/457.6 and 360.0/461.6 (two runs, hopper-shift-2026-11-23-h100/); hdim96: '
-               'inferred from hdim128; hdim192 s=2k: shift 394.0, ascending 381.1'},
+    {'mask': 'full', 'head_dim_min': 192, 'head_dim_max': 192, 'seqlen_max': 2048, 'schedule': 'shift',
+     'source': 'measured H100 hdim192 full s=2k: shift 394.0, ascending 381.1 (wide-heads-2026-11-24-h100/)'},
+    {'mask': 'full', 'seqlen_max': 1024, 'schedule': 'shift',
+     'source': 'measured H100 hdim128 full s=1k: shift 398.6 and 396.9, ascending 361.0 and 360.0 (two runs, '
+               'hopper-shift-2026-11-23-h100/); shift 391.4, ascending 381.2 (dq-readahead-2026-11-23-h100/); '
+               'shift 402.9, ascending 380.8 (shift-writer-2026-11-24-h100/); hdim96: inferred from hdim128. '
+               'At 2k shift led before the dQ writer read its next counter ahead (482.6/473.4 against '
+               '457.6/461.6) and trails since (450.1 against 484.5; 465.0 against 485.9; GQA 4:1 a tie)'},
     {'mask': 'full', 'schedule': 'ascending',
      'source': 'measured H100 full hdim128 s=4k-16k: ascending, spt, descending and the closed-form '
                'shift within a few percent, no order ahead in both runs (16k: ascending 589.9/588.0, '
