@@ -171,8 +171,8 @@ def quad_words(coords_mn: cute.Tensor, head, batch, drop, rows_are_queries: bool
     view has the coordinates `coords_mn`. A thread's row pair is rows x, x+8 and its column quad
     columns y, y+1, y+8, y+9: half a group, the partner lane (lane ^ 4) holding rows x+1, x+9.
     Entry (r + dr, 4 qd + q) is word q % 2 of the two, byte 2*bit3(query) + bit3(key):
-    2*dr + q // 2 with rows = queries, 2 * (q // 2) + dr with rows = keys. A generator, so that a caller may apply each quad's mask
-    as soon as its words are drawn."""
+    2*dr + q // 2 with rows = queries, 2 * (q // 2) + dr with rows = keys. A generator, so that
+    a caller may apply each quad's mask as soon as its words are drawn."""
     quads = cute.size(coords_mn, mode=[1]) // 4
     odd = odd_row(coords_mn)
     for r in range(0, cute.size(coords_mn, mode=[0]), 2):
@@ -216,12 +216,12 @@ def _sign_bytes(a, b, selector: int, *, loc=None, ip=None) -> Uint32:
 
 
 @dsl_user_op
-def _held_before_barrier(words, never_zero, *, loc=None, ip=None) -> None:
-    """Make `words` (up to four) be computed before the next barrier instruction: a shared-memory
-    store of them, predicated on `never_zero` being 0, which it never is at run time. ptxas keeps
-    stores on their side of a barrier, and without one it sinks independent arithmetic (the
-    Philox rounds) past the wgmma wait that follows, back onto the chain after the scores. No
-    store executes."""
+def _computed_before_wait(words, never_zero, *, loc=None, ip=None) -> None:
+    """Make `words` (up to four) be computed where this is traced, ahead of the `wgmma` wait that
+    follows: a shared-memory store of them, predicated on `never_zero` being 0, which it never is
+    at run time. ptxas keeps the store before the wait, and without it sinks independent
+    arithmetic (the Philox rounds) past the wait, back onto the chain after the scores. No store
+    executes."""
     words = list(words) + [words[-1]] * (4 - len(words))
     operands = [Uint32(never_zero).ir_value(loc=loc, ip=ip)] + [Uint32(w).ir_value(loc=loc, ip=ip) for w in words]
     llvm.inline_asm(
@@ -241,14 +241,15 @@ def _mn_places(acc: cute.Tensor) -> list:
     return [place[cute.crd2idx(k, frg)] for k in range(cute.size(frg))]
 
 
-def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, words: MaskWords):
+def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
     """Dropout on the forward's P after its conversion to 16 bits (`tOrP`, converted from `acc`,
-    rows = queries; `words`: the tile's, made with kept=True): dropped entries -> 0. A converted
-    pair (i, j), (i, j+1) is one 32-bit register, and its two draws sit at the same byte of the thread's two
+    rows = queries): dropped entries -> 0. A converted pair (i, j), (i, j+1) is one 32-bit
+    register, and its two draws sit at the same byte of the thread's two
     words of their group (column parity 0 and 1), so kept_draws compares four draws at once, one
     PRMT spreads the two verdicts over the pair's halves and one AND applies them: 1.75
     instructions a score where the 32-bit path (_drop_quads) takes 2.75."""
-    kept = dict(words.all())
+    kept = {place: (drop.kept_draws(w[0]), drop.kept_draws(w[1]))
+            for place, w in quad_words(coords_mn, head, batch, drop, rows_are_queries=True)}
     places = _mn_places(acc)
     pairs = cute.recast_tensor(tOrP, Uint32)
     for i in range(cute.size(pairs)):
@@ -272,32 +273,25 @@ class MaskWords:
     score, so the Philox rounds of the units drawn ahead run beside the tensor cores instead of
     after the scores arrive, and where they are drawn changes no bit. `ahead` is a register
     budget: what is drawn ahead stays live across the wait (two registers a unit), and past it
-    ptxas spills or serialises the products. `kept`: hold each word's kept_draws (the forward's
-    converted path) instead of the word.
+    ptxas spills or serialises the products.
     The forward draws nothing ahead: there, while one consumer warpgroup waits for its scores the
     other runs its softmax on the same schedulers, and rounds drawn in the wait lengthened that
     softmax (1.36x -> 1.50x forward cost at hdim128 causal 8k, H100; docs/benchmarks/)."""
 
-    def __init__(self, coords_mn, head, batch, drop, *, rows_are_queries: bool, ahead: int, kept: bool = False):
-        self._drop, self._kept = drop, kept
+    def __init__(self, coords_mn, head, batch, drop, *, rows_are_queries: bool, ahead: int):
         self._rest = quad_words(coords_mn, head, batch, drop, rows_are_queries)
         units = (cute.size(coords_mn, mode=[0]) // 2) * (cute.size(coords_mn, mode=[1]) // 4)
         ahead = min(units, ahead - ahead % 2)   # whole pairs: a pair of units shares its calls
-        self._ahead = [self._held(next(self._rest)) for _ in range(ahead)]
+        self._ahead = [next(self._rest) for _ in range(ahead)]
         flat = [w for _, unit in self._ahead for w in unit]
         for i in range(0, len(flat), 4):
-            _held_before_barrier(flat[i:i + 4], drop.threshold_top)
-
-    def _held(self, item):
-        place, unit = item
-        return place, tuple(self._drop.kept_draws(w) for w in unit) if self._kept else unit
+            _computed_before_wait(flat[i:i + 4], drop.threshold_top)
 
     def all(self):
-        """Every unit, ((r, qd), its two words or their kept_draws), those left drawn as they
-        are taken (a generator, so that a caller may apply each unit's mask as it comes)."""
+        """Every unit, ((r, qd), its two words), those left drawn as they are taken (a
+        generator, so that a caller may apply each unit's mask as it comes)."""
         yield from self._ahead
-        for item in self._rest:
-            yield self._held(item)
+        yield from self._rest
 
 
 def has_quads(acc_mn: cute.Tensor) -> bool:
@@ -428,8 +422,7 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
 
         def apply(acc_S):
             if converted:
-                words = MaskWords(coords_mn, head, batch, self._drop, rows_are_queries=True, ahead=0, kept=True)
-                drop_converted(kwargs["tOrP"], acc_S, words)
+                drop_converted(kwargs["tOrP"], acc_S, coords_mn, head, batch, self._drop)
             else:
                 drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False)
         return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], apply, converted))

@@ -78,7 +78,7 @@ def persistent_ctas(q, k, v, *, causal: bool, dropout_p: float = 0.0) -> int:
 def _persistent_plan(q_shape, k_shape, element_bytes, key, windows, only_where_it_pays: bool, sms: int):
     """(CTAs, work table) of the persistent grid for this shape, or (0, None)."""
     _dtype, head_dim, group, causal, local, _left_open, _right_open, _softcap, dropout, *_ = key
-    cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
+    cfg = _fa4_config(key)
     if not fwd_persistent.fits(head_dim, cfg.mma_pv_is_rs, varlen=False):
         return 0, None
     packed = group > 1 and not dropout   # GQA heads packed into the rows (FA4's pack_gqa)
@@ -91,6 +91,12 @@ def _persistent_plan(q_shape, k_shape, element_bytes, key, windows, only_where_i
     return sms, fwd_tile_order.work_table(tiles, sms)
 
 
+def _fa4_config(key):
+    """FA4's sm90 forward config (tiles, P in registers or not) for a compile key."""
+    _dtype, head_dim, _group, causal, local, *_ = key
+    return fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(device) -> int:
     if not torch.cuda.is_available():   # compiling without a GPU (scripts/sass_counts.py): an H100's
@@ -101,21 +107,18 @@ def _sm_count(device) -> int:
 def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, window_size_left,
              window_size_right, aux, ctas=0, work=None):
     dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, above_half, *_layout = key
-    cfg = fa4._tile_size_fwd_sm90(head_dim, head_dim, causal, local)
-    kernel_cls = FlashAttentionForwardSm90
-    if dropout:
-        kernel_cls = dropout_sm90.DropoutForwardSm90
+    cfg = _fa4_config(key)
+    kernel_cls = dropout_sm90.DropoutForwardSm90 if dropout else FlashAttentionForwardSm90
     if ctas:
         kernel_cls = fwd_persistent.kernel_class(kernel_cls)
-    if dropout:
-        kernel_cls = functools.partial(kernel_cls, threshold_above_half=above_half)
+    dropout_kwargs = dict(threshold_above_half=above_half) if dropout else {}
     kernel = kernel_cls(
         torch2cute_dtype_map[dtype], head_dim, head_dim, group, is_causal=causal, is_local=local,
         pack_gqa=group > 1 and not dropout, tile_m=cfg.m_block_size, tile_n=cfg.n_block_size,
         num_stages=2, num_threads=384, Q_in_regs=False, intra_wg_overlap=cfg.intra_wg_overlap,
         mma_pv_is_rs=cfg.mma_pv_is_rs, mask_mod=None,
         score_mod=fa4_utils.create_softcap_scoremod(softcap) if softcap else None,
-        has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False)
+        has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False, **dropout_kwargs)
     cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0)
           for t in (cu_seqlens_q, cu_seqlens_k)]
     with fwd_persistent.persistent_grid(ctas) if ctas else contextlib.nullcontext():
