@@ -53,7 +53,6 @@ class HopperBackend:
             return f"dtype {r.dtype} (this backend: float16, bfloat16)"
         if r.head_dim not in hopper.HEAD_DIMS:
             return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
-        causal = hopper.fa4_mask(r.causal, r.window_left, r.window_right)[0]   # however it is spelled
         # Packed arrival: its closed form needs KV tiles at least as tall as Q tiles.
         packed_arrival = r.varlen and r.schedule == "arrival"
         tiles = self.tiles(r) if packed_arrival else None
@@ -64,9 +63,7 @@ class HopperBackend:
                                "take another order)"),
                               (packed_arrival and tiles.block_m > tiles.block_n,
                                f"schedule='arrival' with varlen at head_dim={r.head_dim} (KV tiles narrower than "
-                               "Q tiles reach a row together, an order the kernel does not compute)"),
-                              (causal and r.schedule == "shift",
-                               "the causal symmetric shift (two KV tiles per worker)")):
+                               "Q tiles reach a row together, an order the kernel does not compute)")):
             if missing:
                 return f"{what} runs on the Triton backend"
         return True

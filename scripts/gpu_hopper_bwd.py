@@ -59,10 +59,10 @@ def have_fa4():
 
 
 def schedules_for(causal):
-    """The registry's schedules the Hopper backend runs (the causal shift runs on Triton only;
-    arrival is for causal masks and falls back to descending under full ones)."""
+    """The registry's schedules the Hopper backend runs (arrival is for causal masks and falls
+    back to descending under full ones)."""
     return tuple(s for s in registry.names() if "hopper" in registry.get(s).backends
-                 and not (causal and s == "shift") and (causal or s != "arrival"))
+                 and (causal or s != "arrival"))
 
 
 def stage_check(results):

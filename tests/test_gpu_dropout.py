@@ -46,11 +46,6 @@ HEADS = {"mha": (4, 4), "gqa4": (8, 2)}     # (H_q, H_kv)
 BF16_ROUNDING = 2.0 ** -7
 
 
-def runs(backend, schedule, causal):
-    """The Hopper grid refuses the causal symmetric shift by name (tests/test_gpu_hopper.py asserts it)."""
-    return not (backend == "hopper" and schedule == "shift" and causal)
-
-
 def param(backend, *rest):
     return pytest.param(backend, *rest, marks=HOPPER_SKIP) if backend == "hopper" else pytest.param(backend, *rest)
 
@@ -142,7 +137,7 @@ def test_hopper_forward_mask_at_thresholds_on_both_sides_of_one_half(causal, p):
 
 # ---------------------------------------------------------------- b. the backward's mask, through dV
 BWD_CASES = [param(b, s, d, h, c, sk) for b in BACKENDS for s in SCHEDULES[b] for d in (64, 128) for h in HEADS
-             for c in (False, True) for sk in ((d,) if b == "hopper" else (d, 2 * d)) if runs(b, s, c)]
+             for c in (False, True) for sk in ((d,) if b == "hopper" else (d, 2 * d))]
 
 
 @pytest.mark.parametrize("backend, schedule, d, heads, causal, seqlen_k", BWD_CASES)
@@ -183,10 +178,6 @@ def oracle_problem(request):
 def test_matches_float64_oracle_with_the_same_mask(oracle_problem, backend, schedule):
     pr, oracle = oracle_problem
     kw = dict(backend=backend, schedule=schedule, causal=pr["causal"], dropout_p=pr["p"], seed=SEED)
-    if not runs(backend, schedule, pr["causal"]):
-        with pytest.raises(ValueError, match="causal symmetric shift"):
-            step(pr["q"], pr["k"], pr["v"], pr["do"], **kw)
-        return
     got = step(pr["q"], pr["k"], pr["v"], pr["do"], **kw)
     assert dash_plugin.last_resolved().concrete_backend == backend
     for name, x, want, bar in zip(("out", "dq", "dk", "dv"), got, [oracle.out, *oracle.grads],
@@ -217,7 +208,7 @@ def test_keep_rate_over_a_million_elements(backend, p):
 # Head dim 128 everywhere; 64 on the Hopper backend too, whose backward draws part of the mask
 # while its products run there (bwd_sm90.ahead_units) and nowhere else.
 PASS_CASES = [param(b, s, c, d) for b in BACKENDS for s in SCHEDULES[b] for c in (True, False)
-              for d in ((64, 128) if b == "hopper" else (128,)) if runs(b, s, c)]
+              for d in ((64, 128) if b == "hopper" else (128,))]
 PASS_SHAPE = (2, 1024, 1024, 8, 2)   # (B, S_q, S_k, H_q, H_kv) and D: GQA 4:1, eight KV tiles at D = 128
 PASS_P = 0.1
 
@@ -395,8 +386,7 @@ def test_packed_forward_mask_read_out_exactly(backend, d, heads, causal):
 # Hopper: every order it runs on packed batches (not shift); Triton, whose packed dropout is older
 # and tested dense above: its default and one ordered schedule, to show it draws the same mask.
 PACKED_SCHEDULES = {"hopper": tuple(s for s in SCHEDULES["hopper"] if s != "shift"), "triton": ("split", "descending")}
-PACKED_BWD = [param(b, s, *x) for b in BACKENDS for s in PACKED_SCHEDULES[b] for x in PACKED_PROBLEMS
-              if runs(b, s, x[2])]
+PACKED_BWD = [param(b, s, *x) for b in BACKENDS for s in PACKED_SCHEDULES[b] for x in PACKED_PROBLEMS]
 
 
 @pytest.mark.parametrize("backend, schedule, d, heads, causal", PACKED_BWD)

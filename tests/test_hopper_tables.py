@@ -1,6 +1,8 @@
 """The Hopper backend's plan, on the CPU: per-KV-tile visit lists and ranks taken from the
 launch plan, the launch-order rule that keeps a non-persistent grid deadlock-free, the closed
 form the kernel computes instead of reading tables, and the request filter."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -35,7 +37,7 @@ SEQLENS = (128, 640, 1000, 2048, 8192)
 def cases():
     for d in HEAD_DIMS:
         for causal in (True, False):
-            for s in ("ascending", "spt", "descending", "atomic", "arrival") + (() if causal else ("shift",)):
+            for s in ("ascending", "spt", "descending", "atomic", "arrival", "shift"):
                 for n in SEQLENS:
                     yield d, causal, s, n
 
@@ -98,6 +100,8 @@ def test_every_schedule_runs_in_closed_form_and_it_equals_the_tables(d, causal, 
     if expected == "arrival" and geo.num_kv_tiles == 1:   # nobody to arrive before: ascending's ranks
         expected = "ascending"
     firsts = [geo.kv_range[kv][0] for kv in range(geo.num_kv_tiles)]
+    if t.paired:   # the causal symmetric shift: read from the tables (test_causal_symmetric_shift_...)
+        expected = None
     if expected == "arrival" and any(firsts.count(m) > 1 for m in set(firsts) if m > 0):
         # Q tiles taller than KV tiles (hdim 256): two KV tiles reach a row past the first Q tile
         # at one step and add in KV order, which the kernel's arithmetic does not give: tables
@@ -106,7 +110,7 @@ def test_every_schedule_runs_in_closed_form_and_it_equals_the_tables(d, causal, 
     if expected is None:
         return
     bm, bn = bwd_tiles(d, causal)
-    if schedule == "shift" and n >= 1000 and window == (-1, -1) and bm <= bn:   # else more KV tiles than Q
+    if schedule == "shift" and not causal and n >= 1000 and window == (-1, -1) and bm <= bn:   # else more KV than Q
         assert t.variant == "shift-cyclic"
     for kv in range(geo.num_kv_tiles):
         got = closed_form_visits(t.visit, geo, kv, kv_descending=t.kv_descending, group_size=t.group_size)
@@ -139,9 +143,46 @@ def test_a_wait_on_a_later_launch_outside_the_group_is_refused():
         check_waits_follow_launch(flipped)
 
 
-def test_causal_symmetric_shift_is_not_for_this_grid():
-    with pytest.raises(Unsupported, match="pairs two KV tiles"):
-        plan_tables("shift", seqlen=1024, head_dim=128, causal=True)
+@pytest.mark.parametrize("seqlen, d", [(1024, 128), (2048, 64), (8192, 96), (16384, 128), (32768, 128)])
+def test_causal_symmetric_shift_runs_in_pairs_from_the_plans_lists(seqlen, d):
+    """CTA p runs KV tile p, then N-1-p, each KV tile from its own row of the tables (the
+    kernel reads them), and the ranks are the plan's."""
+    shape = AttentionShape(1, 1, 1, (seqlen,), (seqlen,), False, True, -1, 0)
+    seq = launch_plan(shape, "shift", tiles=BACKEND.tiles(request("shift", seqlen, d, True)),
+                      device=DeviceProps(132)).schedule.sequences[0]
+    t = tables_of(seq)
+    check_waits_follow_launch(t)
+    n = t.count.shape[0]
+    assert seq.variant == "shift-symmetric" and t.paired and t.visit is None and n % 2 == 0
+    assert t.group_size == min(n // 2, RESIDENT_SLOTS)
+    for p, w in enumerate(seq.workers):
+        assert [s.kv for s in w.segments] == [p, n - 1 - p]
+        for s in w.segments:
+            k = int(t.count[s.kv])
+            assert t.q_tile[s.kv, :k].tolist() == list(s.q_tiles) and t.rank[s.kv, :k].tolist() == list(s.ranks)
+
+
+def test_a_pair_whose_first_tile_waits_for_its_own_second_is_refused():
+    """Inside a pair CTA the second KV tile runs after the first, so ranks that make the first
+    tile's add wait for the second tile's (of the same CTA, or through a chain of other CTAs of
+    the group) would hang."""
+    t = plan_tables("shift", seqlen=1024, head_dim=128, causal=True)
+    n = t.count.shape[0]
+    q_tile, rank = t.q_tile.clone(), t.rank.clone()
+    # dQ tile M-1 is the first tile's (p = 0) and its own second tile's (KV n-1): swap their ranks
+    last = int(t.q_tile[n - 1, 0])
+    i = t.q_tile[0].tolist().index(last)
+    rank[0, i], rank[n - 1, 0] = int(t.rank[n - 1, 0]), int(t.rank[0, i])
+    bad = dataclasses.replace(t, rank=rank)
+    with pytest.raises(Unsupported, match="may not have reached"):
+        check_waits_follow_launch(bad)
+
+
+def test_packed_batches_do_not_take_the_paired_launch():
+    shape = AttentionShape(2, 1, 1, (1024, 2048), (1024, 2048), True, True, -1, 0)
+    plan = launch_plan(shape, "shift", tiles=BACKEND.tiles(request("shift", 2048, 128, True)), device=DeviceProps(132))
+    with pytest.raises(Unsupported, match="no order the kernel computes"):
+        batch_tables(plan.schedule.sequences)
 
 
 @pytest.mark.parametrize("seqlen", (512, 1024, 4096, 16384, 131072))
@@ -206,12 +247,9 @@ def test_windows_and_softcap_run_here_softcap_with_dropout_does_not(monkeypatch)
     assert BACKEND.supports(request("ascending", 2048, 64, False, softcap=True)) is True
     assert BACKEND.supports(request("ascending", 2048, 64, False, softcap=True, dropout=True)) == \
         "softcap with dropout runs on the Triton backend"
-    assert BACKEND.supports(request("shift", 2048, 64, True)) == \
-        "the causal symmetric shift (two KV tiles per worker) runs on the Triton backend"
+    assert BACKEND.supports(request("shift", 2048, 64, True)) is True   # the symmetric pairs
     assert BACKEND.supports(request("shift", 2048, 64, True, window=(256, 0))) is True   # descending fallback
-    # causal spelled as a window (-1, 0) is the causal mask: the plan would pair KV tiles
-    assert BACKEND.supports(request("shift", 2048, 64, False, window=(-1, 0))) == \
-        "the causal symmetric shift (two KV tiles per worker) runs on the Triton backend"
+    assert BACKEND.supports(request("shift", 2048, 64, False, window=(-1, 0))) is True   # causal spelled as a window
     assert BACKEND.tiles(request("ascending", 2048, 128, False, window=(-1, 0)))[:2] == (64, 128)
 
 

@@ -487,18 +487,20 @@ class _VisitRows:
 
 
 @contextmanager
-def _launch_head_by_head(enabled: bool, top_group: int = 0):
+def _launch_head_by_head(enabled: bool, top_group: int = 0, pair_threads: int = 0):
     """While FA4's __call__ builds its grid, its tile schedulers (dense deterministic, and packed)
     launch the KV tiles of one head after another (no interleaving of heads for L2 reuse), so a
     cyclic group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS);
-    with `top_group` > 0, in groups of that many launched top group first (`_top_group_first`).
-    It swaps module globals of FA4's for the compile (FA4's __call__ names the classes directly),
+    with `top_group` > 0, in groups of that many launched top group first (`_top_group_first`);
+    with `pair_threads` > 0 (dense batches), in pairs (`_PairScheduler`: that many threads meet
+    at its hand-over of the K/V buffers). It swaps module globals of FA4's for the compile (FA4's __call__ names the classes directly),
     under a lock so that two of our compiles never interleave the swap; a compile of FA4's own
     backward in another thread at that moment would still see it."""
     if not enabled:
         yield
         return
-    swaps = dict(zip(("SingleTileLPTBwdScheduler", "SingleTileVarlenScheduler"), _head_by_head_schedulers(top_group)))
+    swaps = dict(zip(("SingleTileLPTBwdScheduler", "SingleTileVarlenScheduler"),
+                     _head_by_head_schedulers(top_group, pair_threads)))
     with _swap_lock:
         saved = {name: getattr(flash_bwd_sm90, name) for name in swaps}
         for name, cls in swaps.items():
@@ -576,8 +578,60 @@ class _HeadByHeadVarlenScheduler(SingleTileVarlenScheduler):
         return WorkTileInfo((Int32(kv), head, batch, split), work.is_valid_tile)
 
 
+# Named barrier at which the producer warp waits, before a pair's second KV tile, for the
+# consumer warpgroups to be done with the K/V buffers (the first one's products and its dK/dV
+# stores, which stage through the same buffers). FA4's backward uses the ids below it.
+KV_FREE_BARRIER = max(NamedBarrierBwd) + 1
+
+
+class _PairScheduler(_HeadByHeadScheduler):
+    """The causal symmetric shift's launch: CTA p of a head runs KV tile p (its big side), then
+    KV tile N-1-p (its small side), every CTA the same N+1 columns of work; heads one after
+    another as `_HeadByHeadScheduler`. The slot is counted past the grid for the second tile.
+
+    FA4's kernel walks whatever tiles its scheduler hands out, but loads a tile's K and V into
+    the buffers that the previous tile's dK/dV stores stage through, with no wait between the two
+    (its own schedulers hand out one tile per CTA). The hand-over between a pair's tiles adds it:
+    the producer warp (warp 0 in FA4's kernel) waits at KV_FREE_BARRIER, where the consumer warps
+    (warps 4 and up) arrive once their stores have read the buffers (warp 4 issues them)."""
+
+    KV_FREE_THREADS = 0   # the consumer threads and the producer warp: set per kernel
+
+    @staticmethod
+    def to_underlying_arguments(args, *, loc=None, ip=None, **kwargs):
+        return _HeadByHeadScheduler.to_underlying_arguments(
+            dataclasses.replace(args, num_block=args.num_block // 2), loc=loc, ip=ip, **kwargs)
+
+    @cute.jit
+    def get_current_work(self, *, loc=None, ip=None):
+        total = self.params.total_blocks
+        second = self._tile_idx >= total
+        slot = self._tile_idx - cutlass.select_(second, total, 0)
+        pair, head, batch, split = SingleTileLPTBwdScheduler(self.params, slot).get_current_work().tile_idx
+        kv = cutlass.select_(second, 2 * self.params.num_block - 1 - pair, pair)
+        return WorkTileInfo((Int32(kv), head, batch, split), self._tile_idx < 2 * total)
+
+    def advance_to_next_work(self, *, loc=None, ip=None):
+        self._hand_over_kv(self._tile_idx < self.params.total_blocks)
+        self._tile_idx = self._tile_idx + self.params.total_blocks
+        return self.get_current_work()
+
+    @cute.jit
+    def _hand_over_kv(self, first_of_pair):
+        if first_of_pair:
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp == 0:
+                cute.arch.barrier(barrier_id=KV_FREE_BARRIER, number_of_threads=self.KV_FREE_THREADS)
+            elif warp >= 4:
+                if warp == 4:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                cute.arch.barrier_arrive(barrier_id=KV_FREE_BARRIER, number_of_threads=self.KV_FREE_THREADS)
+
+
 @functools.lru_cache(maxsize=None)
-def _head_by_head_schedulers(top_group: int):
+def _head_by_head_schedulers(top_group: int, pair_threads: int = 0):
+    if pair_threads:
+        return type("_PairScheduler", (_PairScheduler,), {"KV_FREE_THREADS": pair_threads}), _HeadByHeadVarlenScheduler
     if top_group == 0:
         return _HeadByHeadScheduler, _HeadByHeadVarlenScheduler
     return tuple(type(cls.__name__, (cls,), {"TOP_GROUP": top_group})
@@ -701,11 +755,11 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
                                   *q.shape[:-2], *k.shape[:-2]))
     dropout = dropout_p > 0
     aux = [dropout_sm90.params_tensor(seed, dropout_p, dev)] if dropout else None
-    head_by_head = tables.group_size > 1   # cyclic groups must be co-resident
+    head_by_head = tables.group_size > 1 or tables.paired   # cyclic groups must be co-resident
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout,
-           sem_cols, varlen, tables.top_group_first)
+           sem_cols, varlen, tables.top_group_first, tables.paired)
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
@@ -725,7 +779,10 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             mask_block_cnt=count, mask_block_idx=q_tile, dq_write_order=rank,
             block_size=(tm, tn))) if index_lists else None
         cu = [None if t is None else to_cute_tensor(t, assumed_align=4) for t in (cu_seqlens_q, cu_seqlens_k)]
-        with _launch_head_by_head(head_by_head, tables.group_size if tables.top_group_first else 0):
+        if tables.paired and varlen:
+            raise ValueError("the paired launch (causal symmetric shift) runs dense batches only")
+        pair_threads = cfg.num_wg * 128 + 32 if tables.paired else 0   # consumers + the producer warp
+        with _launch_head_by_head(head_by_head, tables.group_size if tables.top_group_first else 0, pair_threads):
             _compiled[key] = cute.compile(
                 kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
                 softmax_scale, *cu, None, None, window_size_left, window_size_right, *sems,

@@ -7,8 +7,10 @@ KV tile visits, which ones in what order, and the rank of each dQ add.
 
 The CTAs are launched KV tile by KV tile, from the first tile up, from the last one down, or
 (`arrival` over more KV tiles than one group) in groups launched top group first, each from its
-first tile up. A schedule runs here only if that launch order agrees with its ranks: every wait
-must point at a KV tile launched earlier, or at one of the same co-resident group.
+first tile up. The causal symmetric shift launches pairs instead: CTA p of a head runs KV tile p,
+then KV tile N-1-p, each from its own row of the tables. A schedule runs here only if that
+launch order agrees with its ranks: every wait must point at a KV tile launched earlier, or at
+one of the same co-resident group.
 Pure Python and torch: everything in this module is tested on the CPU. It reads the plan's
 schedule of one sequence (`dash_plugin.schedules.SequenceSchedule`) by its fields and imports
 nothing above the kernel layer.
@@ -34,6 +36,8 @@ class VisitTables:
     kv_descending: launch the KV tiles from the last one down (else from the first up).
     top_group_first: launch them in groups of group_size from the top group down, each from its
     first tile up (`top_group_first_launch`; kv_descending is then False).
+    paired: CTA p runs KV tile p, then KV tile N-1-p (the causal symmetric shift; N is even,
+    group_size counts pairs, the kernel reads the tables).
     visit: the closed form the kernel computes instead of reading the tables (one of
     CLOSED_FORMS, see `closed_form_visits`), or None: the kernel reads them.
     """
@@ -46,6 +50,7 @@ class VisitTables:
     variant: str
     visit: str | None = None
     top_group_first: bool = False
+    paired: bool = False
 
 
 # The longest run of consecutive CTAs that may wait on each other (a cyclic shift group). The
@@ -77,9 +82,22 @@ def _launch_of(kv_of_worker: list[int], n: int, group_size: int) -> tuple[bool, 
                       f"ascending, descending nor top group first in groups of {group_size}")
 
 
+def pair_launch(n: int) -> list[tuple[int, ...]]:
+    """KV tiles of each CTA of a head of `n` KV tiles (n even) under the paired launch: CTA p runs
+    p, then n-1-p. The kernel's scheduler computes the same per CTA (`bwd_sm90._PairScheduler`)."""
+    return [(p, n - 1 - p) for p in range(n // 2)]
+
+
+def _is_pair_launch(seq) -> bool:
+    kvs = [tuple(s.kv for s in w.segments) for w in seq.workers]
+    return any(len(k) > 1 for k in kvs) and kvs == pair_launch(seq.geometry.num_kv_tiles)
+
+
 def launch_slots(tables: VisitTables, n: int) -> list[int]:
     """The KV tile of each launch slot of a head of `n` KV tiles under the launch rule of
     `tables` (a packed batch launches every sequence by one rule, each from its own length)."""
+    if tables.paired:
+        return [p for p, _ in pair_launch(n)]
     if tables.top_group_first:
         return top_group_first_launch(n, tables.group_size)
     return list(range(n - 1, -1, -1)) if tables.kv_descending else list(range(n))
@@ -88,27 +106,30 @@ def launch_slots(tables: VisitTables, n: int) -> list[int]:
 def tables_of(seq) -> VisitTables:
     """Per-KV-tile tables of one sequence's schedule (`seq`: the launch plan's SequenceSchedule)."""
     n = seq.geometry.num_kv_tiles
-    if any(len(w.segments) != 1 for w in seq.workers):
-        raise Unsupported(f"schedule variant {seq.variant!r} pairs two KV tiles in one worker; the "
-                          "Hopper kernel runs one KV tile per CTA")
-    kv_descending, top_group_first = _launch_of([w.segments[0].kv for w in seq.workers], n, seq.group_size)
+    paired = _is_pair_launch(seq)
+    if not paired and any(len(w.segments) != 1 for w in seq.workers):
+        raise Unsupported(f"schedule variant {seq.variant!r} runs the KV tiles "
+                          f"{[s.kv for s in seq.workers[0].segments]} in one worker; the Hopper kernel runs "
+                          "one KV tile per CTA or the pairs (p, N-1-p)")
+    kv_descending, top_group_first = (False, False) if paired else _launch_of(
+        [w.segments[0].kv for w in seq.workers], n, seq.group_size)
     if seq.group_size > RESIDENT_SLOTS:
         raise Unsupported(f"cyclic groups of {seq.group_size} KV tiles; this grid keeps at most "
                           f"{RESIDENT_SLOTS} co-resident")
-    steps = max([1] + [w.num_steps for w in seq.workers])
+    steps = max([1] + [len(s.q_tiles) for w in seq.workers for s in w.segments])
     count = torch.zeros(n, dtype=torch.int32)
     q_tile = torch.full((n, steps), -1, dtype=torch.int32)
     rank = torch.full((n, steps), -1, dtype=torch.int32)
-    for w in seq.workers:
-        seg = w.segments[0]
+    for seg in (s for w in seq.workers for s in w.segments):
         k = len(seg.q_tiles)
         count[seg.kv] = k
         if k:
             q_tile[seg.kv, :k] = torch.tensor(seg.q_tiles, dtype=torch.int32)
             if seg.ranks is not None:
                 rank[seg.kv, :k] = torch.tensor(seg.ranks, dtype=torch.int32)
-    return VisitTables(count, q_tile, rank, kv_descending, seq.group_size, seq.variant,
-                       _closed_form_of(seq, kv_descending, top_group_first), top_group_first)
+    visit = None if paired else _closed_form_of(seq, kv_descending, top_group_first)
+    return VisitTables(count, q_tile, rank, kv_descending, seq.group_size, seq.variant, visit, top_group_first,
+                       paired)
 
 
 def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
@@ -226,22 +247,33 @@ def batch_tables(sequences) -> VisitTables:
 
 def check_waits_follow_launch(tables: VisitTables) -> None:
     """Every dQ add waits only for KV tiles launched before it or inside its own group, so a
-    grid dispatched in launch order can always make progress (see docs/INTERNALS.md)."""
+    grid dispatched in launch order can always make progress (see docs/INTERNALS.md). Under the
+    paired launch a CTA also runs its two KV tiles one after the other, so inside a group the
+    adds of each dQ tile must come in the order (step in its CTA, CTA): then no add waits, even
+    through a chain of others, for one that its own CTA runs later."""
     if tables.rank.numel() and int(tables.rank.max()) < 0:  # atomic: nobody waits
         return
     counts, q_tiles, ranks = (t.tolist() for t in (tables.count, tables.q_tile, tables.rank))
     n = len(counts)
     position = {kv: slot for slot, kv in enumerate(launch_slots(tables, n))}
-    by_tile: dict[int, list[tuple[int, int]]] = {}
+    first_step = dict.fromkeys(range(n), 0)   # step of the CTA at which each KV tile starts
+    if tables.paired:
+        position.update({small: p for p, small in pair_launch(n)})
+        first_step.update({small: counts[p] for p, small in pair_launch(n)})
+    by_tile: dict[int, list[tuple[int, int, int]]] = {}
     for kv in range(n):
         for i in range(counts[kv]):
-            by_tile.setdefault(q_tiles[kv][i], []).append((ranks[kv][i], kv))
+            by_tile.setdefault(q_tiles[kv][i], []).append((ranks[kv][i], kv, first_step[kv] + i))
     g = tables.group_size
     for q, adds in by_tile.items():
         adds.sort()
-        if [r for r, _ in adds] != list(range(len(adds))):
-            raise Unsupported(f"dQ tile {q}: ranks {[r for r, _ in adds]} are not 0..{len(adds) - 1}")
-        for (_, a), (_, b) in zip(adds, adds[1:]):
+        if [r for r, _, _ in adds] != list(range(len(adds))):
+            raise Unsupported(f"dQ tile {q}: ranks {[r for r, _, _ in adds]} are not 0..{len(adds) - 1}")
+        for (_, a, step_a), (_, b, step_b) in zip(adds, adds[1:]):
             if position[b] < position[a] and position[a] // g != position[b] // g:
                 raise Unsupported(f"dQ tile {q}: KV tile {b} adds after KV tile {a} but is "
                                   "launched before it, outside its group")
+            if tables.paired and (position[b] // g, step_b, position[b]) <= (position[a] // g, step_a, position[a]):
+                raise Unsupported(f"dQ tile {q}: KV tile {b} (step {step_b} of CTA {position[b]}) adds after "
+                                  f"KV tile {a} (step {step_a} of CTA {position[a]}), which its group may not "
+                                  "have reached")
