@@ -19,7 +19,9 @@ trip of each add to global memory before the next contributor may start (the pro
 Points given after OUT_DIR replace the built-in POINTS; `--variants=a,b,...` times only those
 (`no-release`: neither wait and no counter increment either, so what is left of the ordered
 protocol in the writer's loop is gone too; `shift-afresh`: ordered, with the writer computing each
-`shift` visit afresh instead of carrying its index, the same bits).
+`shift` visit afresh instead of carrying its index, the same bits; under the causal symmetric
+shift `pairs-read`: the dQ writer too reads the plan's lists instead of computing the order,
+`pairs-computed`: the producer and consumers too compute it, the same bits).
 
 Writes OUT_DIR/dq_chain.json and prints one line per point (backward TFLOP/s).
 """
@@ -47,12 +49,14 @@ POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (12
           (128, True, 2048, "arrival")]
 # The OrderedBackwardSm90 switches as the product sets them, and what each variant changes.
 _PRODUCT = dict(WAIT_FOR_RANK=True, WAIT_FOR_LANDING=True, READ_TURN_AHEAD=True, RELEASE_COUNTER=True,
-                CARRY_SHIFT_VISITS=True)
+                CARRY_SHIFT_VISITS=True, PAIR_ROWS_COMPUTED=False, PAIR_RANKS_COMPUTED=True)
 VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False),
             "no-rank-wait": dict(WAIT_FOR_RANK=False), "no-landing": dict(WAIT_FOR_LANDING=False),
             "neither": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False),
             "no-release": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False, RELEASE_COUNTER=False),
             "shift-afresh": dict(CARRY_SHIFT_VISITS=False),
+            "pairs-read": dict(PAIR_RANKS_COMPUTED=False),
+            "pairs-computed": dict(PAIR_ROWS_COMPUTED=True),
             "atomic": {}}
 
 

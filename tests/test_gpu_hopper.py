@@ -252,7 +252,8 @@ def computed_and_read(tables, do, q, k, v, out, lse, **kw):
     ("descending", False, 2048, 128, (128, 128)), ("descending", False, 2048, 64, (-1, 200)),
     ("ascending", False, 2048, 64, (300, -1)), ("arrival", True, 2048, 128, (-1, -1)),
     ("arrival", True, 8192, 64, (-1, -1)), ("arrival", True, 16384, 128, (-1, -1)),
-    ("arrival", True, 12288, 64, (-1, -1))],
+    ("arrival", True, 12288, 64, (-1, -1)), ("shift", True, 2048, 128, (-1, -1)),
+    ("shift", True, 8192, 64, (-1, -1)), ("shift", True, 32768, 128, (-1, -1))],
     ids=lambda x: x if isinstance(x, str) else str(x))
 def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, seqlen, head_dim, window):
     """The kernel computes the visit order and ranks (bwd_sm90._visit); reading the plan's tables
@@ -260,10 +261,11 @@ def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, seqlen, h
     include a whole-head group of 64 KV tiles (8k, hdim 128) and groups split evenly (16k), the
     arrival cases a whole-head group of 16 and of 64 KV tiles and heads of two groups launched top
     group first (128 KV tiles; 96, the bottom group half full); the windowed ones check the ranks
-    counted from each row's first visible KV tile."""
+    counted from each row's first visible KV tile. The causal shift cases run the symmetric pairs
+    (one group of 8 and of 32 pairs, two groups of 64)."""
     from tests.test_hopper_tables import plan_tables
     tables = plan_tables(schedule, seqlen=seqlen, head_dim=head_dim, causal=causal, window=window)
-    assert tables.visit == ("ascending" if schedule == "spt" else schedule)
+    assert tables.visit == {"spt": "ascending", "shift": "pairs" if causal else "shift"}.get(schedule, schedule)
     mask = dict(window_left=window[0], window_right=window[1])
     p = problem(1, seqlen, 4, 4, head_dim, causal, seed=3, **mask)
     computed, read = computed_and_read(tables, p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"],

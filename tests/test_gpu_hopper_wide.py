@@ -123,6 +123,8 @@ def test_packed_batch_matches_float64_oracle(d, schedule):
     check_against(oracle, packed_backward(p, schedule))
 
 
+# Causal shift is left out: at these tiles (block_n not a multiple of block_m) it falls back to
+# descending, the same kernel as descending's case.
 PASS_CASES = [(s, c, d) for s in ORDERED for c in (True, False) for d in WIDE
               if not (c and s == "shift") and (c or s != "arrival")]
 

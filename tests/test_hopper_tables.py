@@ -100,8 +100,8 @@ def test_every_schedule_runs_in_closed_form_and_it_equals_the_tables(d, causal, 
     if expected == "arrival" and geo.num_kv_tiles == 1:   # nobody to arrive before: ascending's ranks
         expected = "ascending"
     firsts = [geo.kv_range[kv][0] for kv in range(geo.num_kv_tiles)]
-    if t.paired:   # the causal symmetric shift: read from the tables (test_causal_symmetric_shift_...)
-        expected = None
+    if t.paired:   # the causal symmetric shift
+        expected = "pairs"
     if expected == "arrival" and any(firsts.count(m) > 1 for m in set(firsts) if m > 0):
         # Q tiles taller than KV tiles (hdim 256): two KV tiles reach a row past the first Q tile
         # at one step and add in KV order, which the kernel's arithmetic does not give: tables
@@ -153,7 +153,7 @@ def test_causal_symmetric_shift_runs_in_pairs_from_the_plans_lists(seqlen, d):
     t = tables_of(seq)
     check_waits_follow_launch(t)
     n = t.count.shape[0]
-    assert seq.variant == "shift-symmetric" and t.paired and t.visit is None and n % 2 == 0
+    assert seq.variant == "shift-symmetric" and t.paired and t.visit == "pairs" and n % 2 == 0
     assert t.group_size == min(n // 2, RESIDENT_SLOTS)
     for p, w in enumerate(seq.workers):
         assert [s.kv for s in w.segments] == [p, n - 1 - p]
@@ -181,7 +181,7 @@ def test_a_pair_whose_first_tile_waits_for_its_own_second_is_refused():
 def test_packed_batches_do_not_take_the_paired_launch():
     shape = AttentionShape(2, 1, 1, (1024, 2048), (1024, 2048), True, True, -1, 0)
     plan = launch_plan(shape, "shift", tiles=BACKEND.tiles(request("shift", 2048, 128, True)), device=DeviceProps(132))
-    with pytest.raises(Unsupported, match="no order the kernel computes"):
+    with pytest.raises(Unsupported, match="does not take the paired launch"):
         batch_tables(plan.schedule.sequences)
 
 

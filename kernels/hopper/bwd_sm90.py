@@ -75,6 +75,14 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # For scripts/gpu_dq_chain_probe.py: off, the dQ writer computes each `shift` visit afresh
     # (two divisions a step) instead of carrying the index; same order and bits. On in the product.
     CARRY_SHIFT_VISITS = True
+    # Under the paired launch (visit "pairs"): whether the producer and consumers compute each
+    # Q tile (else they read the plan's lists) and whether the dQ writer computes each Q tile and
+    # rank (else it reads them). Same order and bits. The consumers read: computing spilled
+    # their registers at hdim 64 (52 bytes) and 128 (28 bytes), and at hdim 64 16k causal the
+    # backward ran at 479 TFLOP/s computing against 510 reading (hdim 128: within 1 %; H100,
+    # scripts/gpu_dq_chain_probe.py variants pairs-rows-read, pairs-read).
+    PAIR_ROWS_COMPUTED = False
+    PAIR_RANKS_COMPUTED = True
     # Units (half groups, eight scores) of a step's dropout mask drawn while its products run
     # (dropout_sm90.MaskWords); None: ahead_units' rule.
     AHEAD_UNITS = None
@@ -149,10 +157,39 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             # KV tiles add in index order from the row's first visible one (n_min is a constant 0
             # without a window); under spt's launch the last visible one adds first
             rank = n_max - 1 - n_block if const_expr(self.kv_descending) else n_block - n_min
+        elif const_expr(self.visit == "pairs"):
+            m_block, rank = self._pair_visit(seqlen, n_block, step)
         else:  # shift: member `lane` of the group starting at KV tile j0
             group = self._shift_group(seqlen, n_block)
             m_block, rank = self._shift_visit(group, m_min, (group[0] + step) % (m_max - m_min))
         return m_block, rank
+
+    def _pair_visit(self, seqlen, n_block, step):
+        """(Q tile, rank) of KV tile `n_block`'s `step`-th visit under the paired launch: the
+        arithmetic of visit_tables._pair_visits, without division (s = tile_n / tile_m is a
+        compile-time power of two; a rectangle row offset l + step < 2 rlen wraps by a compare)."""
+        s = self.tile_n // self.tile_m
+        n = cute.ceil_div(seqlen.seqlen_k, self.tile_n)
+        m = cute.ceil_div(seqlen.seqlen_q, self.tile_m)
+        small = 2 * n_block >= n
+        p = cutlass.select_(small, n - 1 - n_block, n_block)
+        lane = p % self.group_size
+        p0 = p - lane
+        members = cutlass.min(self.group_size, n // 2 - p0)
+        r0 = (p0 + members - 1) * s
+        rlen = m - r0
+        i = lane + step
+        i = i - cutlass.select_(i >= rlen, rlen, 0)
+        place = cutlass.min(i, members - 1) - lane + members
+        in_rect = step < rlen
+        m_big = cutlass.select_(in_rect, r0 + i, p * s + step - rlen)
+        m_block = cutlass.select_(small, m - 1 - step, m_big)
+        own = cutlass.select_(in_rect, place - cutlass.select_(place >= members, members, 0),
+                              m_block // s - p0 - lane)
+        own = cutlass.select_(small, 2 * members - 1 - lane, own)
+        f = m_block // s
+        before = cutlass.min(p0, f + 1) + cutlass.max(0, p0 - cutlass.max(0, n - 1 - f))
+        return m_block, before + own
 
     def _shift_group(self, seqlen, n_block):
         """(lane, j0, members) of KV tile `n_block` under `shift`: its place in its group, the
@@ -190,7 +227,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             gdQ = cute.local_tile(dq_rows, (chunk_layout,), (None,))
             counters = mdQ_semaphore[None, None, head, batch] if const_expr(self.deterministic) else None
             seen = Int32(-1)   # the counter of this step's dQ tile as read ahead (-1: not read)
-            if const_expr(self.visit is None):
+            if const_expr(self.visit is None or (self.visit == "pairs" and not self.PAIR_RANKS_COMPUTED)):
                 q_tiles = blocksparse_tensors.mask_block_idx[batch, head, n_block, None]
                 ranks = blocksparse_tensors.dq_write_order[batch, head, n_block, None]
                 count = blocksparse_tensors.mask_block_cnt[batch, head, n_block]
@@ -430,7 +467,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             mma_dsq_fn(tCrA=tdKrdS, B_idx=idx_Q, zero_init=not dKV_accumulate, wg_wait=1)
 
 
-_COMPUTED = ("descending", "shift")   # closed forms that run FA4's index-list loops
+_COMPUTED = ("descending", "shift", "pairs")   # closed forms that run FA4's index-list loops
 
 
 def _arg_positions(method):
@@ -445,7 +482,7 @@ _MMA_ARGS = _arg_positions(FlashAttentionBackwardSm90.mma)
 
 def _with_computed_visits(kernel, args, positions):
     """`args` with the index lists replaced by the computed order when the kernel has one."""
-    if kernel.visit not in _COMPUTED:
+    if kernel.visit not in _COMPUTED or (kernel.visit == "pairs" and not kernel.PAIR_ROWS_COMPUTED):
         return args
     sparse, block_info, seqlen_cls = positions
     args = list(args)
@@ -744,7 +781,9 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     if deterministic and group > 1:
         sem_dk = torch.zeros(batch, heads_kv, sk_r // tn, 2, dtype=torch.int32, device=dev)
         sem_dv = torch.zeros_like(sem_dk)
-    index_lists = tables.visit is None
+    kernel_cls = OrderedBackwardSm90
+    pair_switches = (kernel_cls.PAIR_ROWS_COMPUTED, kernel_cls.PAIR_RANKS_COMPUTED) if tables.paired else ()
+    index_lists = tables.visit is None or not all(pair_switches)
     count, q_tile, rank = _tables_on_device(tables, batch, heads, dev) if index_lists else (None,) * 3
 
     fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, cu_seqlens_q, None, None, dtype,
@@ -759,7 +798,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout,
-           sem_cols, varlen, tables.top_group_first, tables.paired)
+           sem_cols, varlen, tables.top_group_first, tables.paired, pair_switches)
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(

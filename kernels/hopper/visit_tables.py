@@ -59,7 +59,7 @@ class VisitTables:
 # SMs, one CTA each). It is also the plan's MAX_GROUP, so the plan's default groups fit.
 RESIDENT_SLOTS = 64
 
-CLOSED_FORMS = ("ascending", "descending", "shift", "arrival")
+CLOSED_FORMS = ("ascending", "descending", "shift", "arrival", "pairs")
 
 
 def top_group_first_launch(n: int, group_size: int) -> list[int]:
@@ -127,7 +127,7 @@ def tables_of(seq) -> VisitTables:
             q_tile[seg.kv, :k] = torch.tensor(seg.q_tiles, dtype=torch.int32)
             if seg.ranks is not None:
                 rank[seg.kv, :k] = torch.tensor(seg.ranks, dtype=torch.int32)
-    visit = None if paired else _closed_form_of(seq, kv_descending, top_group_first)
+    visit = _closed_form_of(seq, kv_descending, top_group_first, paired)
     return VisitTables(count, q_tile, rank, kv_descending, seq.group_size, seq.variant, visit, top_group_first,
                        paired)
 
@@ -151,7 +151,15 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
       lo + (l + t) mod L at step t. The rank rule orders a dQ tile's adds by (group, step,
       member): the j0 adds of earlier groups come first, and inside the group member l arrives
       at row offset i at step (i - l) mod L, which puts it at (min(i, G' - 1) - l) mod G'
-      (G' = the group's size, i = row offset).
+      (G' = the group's size, i = row offset);
+    - pairs (the causal symmetric shift, equal lengths, s = block_n / block_m Q tiles per KV
+      tile, CTA p running KV tiles p and N-1-p, groups of g pairs from p0, member l = p - p0):
+      the big side KV p walks the group's rectangle, rows r0.. (r0 = first row of the group's
+      last big side) from r0 + l cyclically, then its own rows p*s..r0-1 upwards; the small
+      side KV N-1-p walks its rows downwards. Ranks (the rank rule: group, step in the CTA,
+      CTA): the adds of earlier groups first (`_pair_adds_before`), then in the rectangle the
+      big sides as `shift`'s members, then the small sides from the last member down; in a
+      big side's own rows the members from the highest down.
     `tables_of` compares every value with the plan's, so an order these do not give is read
     from the tables."""
     lo, hi = geo.kv_range[kv]
@@ -180,36 +188,68 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
             i = (lane + t) % length
             out.append((lo + i, j0 + (min(i, members - 1) - lane) % members))
         return out
+    if visit == "pairs":
+        return _pair_visits(geo, kv, group_size)
     raise ValueError(f"visit={visit!r}; closed forms: {CLOSED_FORMS}")
 
 
-def _closed_form_of(seq, kv_descending: bool, top_group_first: bool) -> str | None:
+def _pair_adds_before(q: int, s: int, n: int, p0: int) -> int:
+    """Adds to dQ tile q from the pairs before p0 (earlier groups): big sides j < p0 with
+    j*s <= q, small sides N-1-j with (N-1-j)*s <= q."""
+    f = q // s
+    return min(p0, f + 1) + max(0, p0 - max(0, n - 1 - f))
+
+
+def _pair_visits(geo, kv: int, g: int) -> list[tuple[int, int]]:
+    """`closed_form_visits` for `pairs` (bwd_sm90's `_pair_visit` is the same arithmetic)."""
+    n, m, s = geo.num_kv_tiles, geo.num_q_tiles, geo.block_n // geo.block_m
+    p = min(kv, n - 1 - kv)
+    l = p % g
+    p0 = p - l
+    members = min(g, n // 2 - p0)
+    if kv != p:   # the small side: its rows downwards, after the group's big sides
+        return [(q, _pair_adds_before(q, s, n, p0) + 2 * members - 1 - l) for q in range(m - 1, kv * s - 1, -1)]
+    r0 = (p0 + members - 1) * s
+    rlen = m - r0
+    out = []
+    for t in range(m - p * s):
+        if t < rlen:
+            i = (l + t) % rlen
+            out.append((r0 + i, _pair_adds_before(r0 + i, s, n, p0) + (min(i, members - 1) - l) % members))
+        else:
+            q = p * s + t - rlen
+            out.append((q, _pair_adds_before(q, s, n, p0) + q // s - p0 - l))
+    return out
+
+
+def _closed_form_of(seq, kv_descending: bool, top_group_first: bool, paired: bool = False) -> str | None:
     """The closed form that gives every visit and rank of `seq`, or None. Shift and arrival need
     the head-by-head launch, so only an ascending launch qualifies for them, and arrival only
     with the whole head in one group or the groups launched top group first (its ranks ignore
-    groups: the tiles of a higher group reach every row first)."""
+    groups: the tiles of a higher group reach every row first); `pairs` is the paired launch's
+    only form."""
     for visit in CLOSED_FORMS:
-        if (_may_run(seq, visit, kv_descending, top_group_first)
+        if (_may_run(seq, visit, kv_descending, top_group_first, paired)
                 and _follows(seq, visit, kv_descending, seq.group_size)):
             return visit
     return None
 
 
-def _may_run(seq, visit: str, kv_descending: bool, top_group_first: bool) -> bool:
+def _may_run(seq, visit: str, kv_descending: bool, top_group_first: bool, paired: bool = False) -> bool:
     """Whether the kernel can run `seq` in closed form `visit` at all (see _closed_form_of)."""
+    if paired != (visit == "pairs"):
+        return False
     if (kv_descending and visit != "ascending") or (top_group_first and visit != "arrival"):
         return False
     return not (visit == "arrival" and not top_group_first and seq.group_size < len(seq.workers))
 
 
 def _follows(seq, visit: str, kv_descending: bool, group_size: int) -> bool:
-    """Every visit and rank of `seq` is the closed form's with these parameters (one KV tile per
-    worker: a closed form gives one KV tile's walk)."""
-    if any(len(w.segments) != 1 for w in seq.workers):
-        return False
-    atomic = all(w.segments[0].ranks is None for w in seq.workers)
-    for w in seq.workers:
-        seg = w.segments[0]
+    """Every visit and rank of `seq` is the closed form's with these parameters (a closed form
+    gives one KV tile's walk; a paired worker's two KV tiles are checked one by one)."""
+    segments = [seg for w in seq.workers for seg in w.segments]
+    atomic = all(seg.ranks is None for seg in segments)
+    for seg in segments:
         got = closed_form_visits(visit, seq.geometry, seg.kv, kv_descending=kv_descending, group_size=group_size)
         if [m for m, _ in got] != list(seg.q_tiles) or (not atomic and [r for _, r in got] != list(seg.ranks)):
             return False
@@ -225,6 +265,8 @@ def batch_tables(sequences) -> VisitTables:
     distinct = list({id(s): s for s in sequences}.values())
     longest = max(distinct, key=lambda s: s.geometry.num_kv_tiles)
     tables = tables_of(longest)
+    if tables.paired:
+        raise Unsupported("a packed batch does not take the paired launch (the causal symmetric shift)")
     if tables.visit is None:
         raise Unsupported(f"schedule variant {longest.variant!r} has no order the kernel computes, and a packed "
                           "batch cannot read per-sequence lists")
