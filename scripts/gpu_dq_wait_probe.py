@@ -59,6 +59,7 @@ def profile(counters, steps_per_kv):
     return dict(per_step={k: round(v) for k, v in per_step.items()},
                 rank_first_eighth_of_heads=round(float(heads[:first].sum()) / (first * head_steps)),
                 rank_other_heads=round(float(heads[first:].sum()) / (max(1, len(heads) - first) * head_steps)),
+                rank_by_head=[round(float(x) / head_steps) for x in heads],
                 rank_by_kv_tile=[round(x) for x in by_kv],
                 rank_by_q_tile_total=[round(float(x) / c.shape[0] / c.shape[1]) for x in rows])
 
@@ -102,6 +103,7 @@ def main(out_dir, points=None):
                   f"rank {ps['rank']} partial {ps['partial']} landing {ps['landing']} cycles; rank, first eighth "
                   f"of heads {prof['rank_first_eighth_of_heads']} / others {prof['rank_other_heads']}", flush=True)
             print(f"    rank by KV tile: {prof['rank_by_kv_tile'][:8]} ... {prof['rank_by_kv_tile'][-4:]}", flush=True)
+            print(f"    rank by head (launch order): {prof['rank_by_head'][:16]}", flush=True)
         results[point] = row
     with open(os.path.join(out_dir, "dq_waits.json"), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f, indent=1)
