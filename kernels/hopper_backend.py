@@ -4,7 +4,8 @@ plan, and the sm90 forward (docs/hopper-backend.md).
 It covers dense and packed (varlen) batches, equal or unequal query/key lengths (masks
 bottom-right aligned), causal, full and sliding-window masks, softcap, head dims 64, 96, 128,
 192 and 256 in fp16/bf16, and dropout (not with softcap); packed batches run every order but
-`shift`, each sequence's from its own lengths.
+`shift`, each sequence's from its own lengths. The causal `shift` runs its symmetric pairs, one
+CTA per pair of KV tiles.
 `supports` names what else is missing, and the `auto` rule then takes the Triton backend.
 """
 from __future__ import annotations
