@@ -27,3 +27,11 @@ def test_tables_run_arrival_in_the_asked_groups(script, monkeypatch, d, s, group
     assert tables.visit == "arrival"
     slots = launch_slots(tables, n)
     assert sorted(slots) == list(range(n)) and slots[:group] == list(range(max(n - group, 0), n))[:group]
+
+
+@pytest.mark.parametrize("group", [64, 32, 4])
+def test_shift_tables_run_the_pairs_in_the_asked_groups(script, monkeypatch, group):
+    monkeypatch.setattr(script.BACKEND, "device_props", lambda device: DeviceProps(132))
+    tables = script.arrival_tables(1, 16384, 16, 16, 128, group, "shift")   # 128 KV tiles, 64 pairs
+    assert tables.variant == "shift-symmetric" and tables.paired and tables.visit == "pairs"
+    assert tables.group_size == group
