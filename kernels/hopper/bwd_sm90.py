@@ -1,7 +1,8 @@
 """Hopper-native deterministic backward (sm90): FA4's warp-specialised kernel, run in the
 order of a dash_plugin schedule.
 
-What runs on the GPU. One CTA per (KV tile, query head, batch), 3 warpgroups: a producer warp
+What runs on the GPU. One CTA per (KV tile, query head, batch) (the causal symmetric shift:
+per pair of KV tiles, run one after the other), 3 warpgroups: a producer warp
 issues TMA loads of Q, dO, LSE and dPsum; two consumer warpgroups run the five products with
 `wgmma` and keep dK/dV in registers; a dQ-writer warp takes each fp32 dQ partial from shared
 memory and reduce-adds it into the global accumulator with one bulk copy. That kernel is FA4's
@@ -80,7 +81,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # rank (else it reads them). Same order and bits. The consumers read: computing spilled
     # their registers at hdim 64 (52 bytes) and 128 (28 bytes), and at hdim 64 16k causal the
     # backward ran at 479 TFLOP/s computing against 510 reading (hdim 128: within 1 %; H100,
-    # scripts/gpu_dq_chain_probe.py variants pairs-rows-read, pairs-read).
+    # scripts/gpu_dq_chain_probe.py variants pairs-computed, pairs-read).
     PAIR_ROWS_COMPUTED = False
     PAIR_RANKS_COMPUTED = True
     # Units (half groups, eight scores) of a step's dropout mask drawn while its products run
@@ -530,9 +531,10 @@ def _launch_head_by_head(enabled: bool, top_group: int = 0, pair_threads: int = 
     cyclic group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS);
     with `top_group` > 0, in groups of that many launched top group first (`_top_group_first`);
     with `pair_threads` > 0 (dense batches), in pairs (`_PairScheduler`: that many threads meet
-    at its hand-over of the K/V buffers). It swaps module globals of FA4's for the compile (FA4's __call__ names the classes directly),
-    under a lock so that two of our compiles never interleave the swap; a compile of FA4's own
-    backward in another thread at that moment would still see it."""
+    at its hand-over of the K/V buffers). It swaps module globals of FA4's for the compile
+    (FA4's __call__ names the classes directly), under a lock so that two of our compiles never
+    interleave the swap; a compile of FA4's own backward in another thread at that moment would
+    still see it."""
     if not enabled:
         yield
         return
@@ -781,8 +783,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     if deterministic and group > 1:
         sem_dk = torch.zeros(batch, heads_kv, sk_r // tn, 2, dtype=torch.int32, device=dev)
         sem_dv = torch.zeros_like(sem_dk)
-    kernel_cls = OrderedBackwardSm90
-    pair_switches = (kernel_cls.PAIR_ROWS_COMPUTED, kernel_cls.PAIR_RANKS_COMPUTED) if tables.paired else ()
+    pair_switches = ((OrderedBackwardSm90.PAIR_ROWS_COMPUTED, OrderedBackwardSm90.PAIR_RANKS_COMPUTED)
+                     if tables.paired else ())
     index_lists = tables.visit is None or not all(pair_switches)
     count, q_tile, rank = _tables_on_device(tables, batch, heads, dev) if index_lists else (None,) * 3
 

@@ -37,7 +37,7 @@ class VisitTables:
     top_group_first: launch them in groups of group_size from the top group down, each from its
     first tile up (`top_group_first_launch`; kv_descending is then False).
     paired: CTA p runs KV tile p, then KV tile N-1-p (the causal symmetric shift; N is even,
-    group_size counts pairs, the kernel reads the tables).
+    group_size counts pairs; visit is then `pairs`, or None where the plan's ranks are not it).
     visit: the closed form the kernel computes instead of reading the tables (one of
     CLOSED_FORMS, see `closed_form_visits`), or None: the kernel reads them.
     """
