@@ -28,7 +28,7 @@ from dash_plugin.kernels.hopper_backend import BACKEND, HopperTiles  # noqa: E40
 from dash_plugin.schedules.plan import AttentionShape, launch_plan  # noqa: E402
 
 
-def arrival_tables(b, s, hq, hkv, d, group, schedule="arrival"):
+def group_tables(b, s, hq, hkv, d, group, schedule="arrival"):
     """Per-KV-tile tables of `schedule` (arrival, or shift: pairs) with groups of `group` KV tiles
     (pairs) (the plan's rule otherwise)."""
     req = Request(torch.device("cuda"), torch.bfloat16, d, schedule, "ordered", False, s, s, True, -1, 0)
@@ -61,7 +61,7 @@ def main():
         flops = 2.5 * 4 * b * hq * s * s * d / 2
         impls = {}
         for g in (int(x) for x in args.groups.split(",")):
-            tables = arrival_tables(b, s, hq, hkv, d, g, args.schedule)
+            tables = group_tables(b, s, hq, hkv, d, g, args.schedule)
             impls[f"{args.schedule}-g{g}"] = (lambda t=tables: hopper.attention_backward(
                 do, q, k, v, out, lse, softmax_scale=d ** -0.5, causal=True, tables=t, deterministic=True))
         for x in (args.schedule, "descending", "spt", "atomic"):   # through the API: the plan's groups

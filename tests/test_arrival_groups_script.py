@@ -17,7 +17,7 @@ def script():
 @pytest.mark.parametrize("group", [64, 32, 16, 1])
 def test_tables_run_arrival_in_the_asked_groups(script, monkeypatch, d, s, group):
     monkeypatch.setattr(script.BACKEND, "device_props", lambda device: DeviceProps(132))
-    tables = script.arrival_tables(1, s, 16, 16, d, group)   # checks the waits against the launch itself
+    tables = script.group_tables(1, s, 16, 16, d, group)   # checks the waits against the launch itself
     n = tables.count.shape[0]
     assert tables.variant == "arrival"
     if group == 1:   # arrival in groups of one is spt: ascending visits, KV tiles launched from the last down
@@ -32,6 +32,6 @@ def test_tables_run_arrival_in_the_asked_groups(script, monkeypatch, d, s, group
 @pytest.mark.parametrize("group", [64, 32, 4])
 def test_shift_tables_run_the_pairs_in_the_asked_groups(script, monkeypatch, group):
     monkeypatch.setattr(script.BACKEND, "device_props", lambda device: DeviceProps(132))
-    tables = script.arrival_tables(1, 16384, 16, 16, 128, group, "shift")   # 128 KV tiles, 64 pairs
+    tables = script.group_tables(1, 16384, 16, 16, 128, group, "shift")   # 128 KV tiles, 64 pairs
     assert tables.variant == "shift-symmetric" and tables.paired and tables.visit == "pairs"
     assert tables.group_size == group

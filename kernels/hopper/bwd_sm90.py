@@ -185,10 +185,9 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         in_rect = step < rlen
         m_big = cutlass.select_(in_rect, r0 + i, p * s + step - rlen)
         m_block = cutlass.select_(small, m - 1 - step, m_big)
-        own = cutlass.select_(in_rect, place - cutlass.select_(place >= members, members, 0),
-                              m_block // s - p0 - lane)
-        own = cutlass.select_(small, 2 * members - 1 - lane, own)
         f = m_block // s
+        own = cutlass.select_(in_rect, place - cutlass.select_(place >= members, members, 0), f - p0 - lane)
+        own = cutlass.select_(small, 2 * members - 1 - lane, own)
         before = cutlass.min(p0, f + 1) + cutlass.max(0, p0 - cutlass.max(0, n - 1 - f))
         return m_block, before + own
 
@@ -228,7 +227,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             gdQ = cute.local_tile(dq_rows, (chunk_layout,), (None,))
             counters = mdQ_semaphore[None, None, head, batch] if const_expr(self.deterministic) else None
             seen = Int32(-1)   # the counter of this step's dQ tile as read ahead (-1: not read)
-            if const_expr(self.visit is None or (self.visit == "pairs" and not self.PAIR_RANKS_COMPUTED)):
+            if const_expr(not _writer_computes(self.visit)):
                 q_tiles = blocksparse_tensors.mask_block_idx[batch, head, n_block, None]
                 ranks = blocksparse_tensors.dq_write_order[batch, head, n_block, None]
                 count = blocksparse_tensors.mask_block_cnt[batch, head, n_block]
@@ -471,6 +470,18 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
 _COMPUTED = ("descending", "shift", "pairs")   # closed forms that run FA4's index-list loops
 
 
+def _rows_computed(visit) -> bool:
+    """Whether the producer and consumers compute the Q tiles of closed form `visit` in FA4's
+    index-list loops (else those loops read the plan's lists; orders outside _COMPUTED run FA4's
+    own loop)."""
+    return visit in _COMPUTED and (visit != "pairs" or OrderedBackwardSm90.PAIR_ROWS_COMPUTED)
+
+
+def _writer_computes(visit) -> bool:
+    """Whether the dQ writer computes each visit and rank (else it reads the plan's lists)."""
+    return visit is not None and (visit != "pairs" or OrderedBackwardSm90.PAIR_RANKS_COMPUTED)
+
+
 def _arg_positions(method):
     """Positions (after self) of the arguments `_with_computed_visits` reads and replaces."""
     names = list(inspect.signature(method).parameters)[1:]
@@ -483,7 +494,7 @@ _MMA_ARGS = _arg_positions(FlashAttentionBackwardSm90.mma)
 
 def _with_computed_visits(kernel, args, positions):
     """`args` with the index lists replaced by the computed order when the kernel has one."""
-    if kernel.visit not in _COMPUTED or (kernel.visit == "pairs" and not kernel.PAIR_ROWS_COMPUTED):
+    if not _rows_computed(kernel.visit):
         return args
     sparse, block_info, seqlen_cls = positions
     args = list(args)
@@ -783,9 +794,9 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     if deterministic and group > 1:
         sem_dk = torch.zeros(batch, heads_kv, sk_r // tn, 2, dtype=torch.int32, device=dev)
         sem_dv = torch.zeros_like(sem_dk)
-    pair_switches = ((OrderedBackwardSm90.PAIR_ROWS_COMPUTED, OrderedBackwardSm90.PAIR_RANKS_COMPUTED)
-                     if tables.paired else ())
-    index_lists = tables.visit is None or not all(pair_switches)
+    # The plan's lists go to the device where a warp reads them instead of computing the order.
+    computed = (_rows_computed(tables.visit), _writer_computes(tables.visit))
+    index_lists = not computed[1] or (tables.visit in _COMPUTED and not computed[0])
     count, q_tile, rank = _tables_on_device(tables, batch, heads, dev) if index_lists else (None,) * 3
 
     fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, cu_seqlens_q, None, None, dtype,
@@ -800,7 +811,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout,
-           sem_cols, varlen, tables.top_group_first, tables.paired, pair_switches)
+           sem_cols, varlen, tables.top_group_first, tables.paired, computed)
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(

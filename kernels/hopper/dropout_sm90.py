@@ -244,10 +244,10 @@ def _mn_places(acc: cute.Tensor) -> list:
 def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
     """Dropout on the forward's P after its conversion to 16 bits (`tOrP`, converted from `acc`,
     rows = queries): dropped entries -> 0. A converted pair (i, j), (i, j+1) is one 32-bit
-    register, and its two draws sit at the same byte of the thread's two
-    words of their group (column parity 0 and 1), so kept_draws compares four draws at once, one
-    PRMT spreads the two verdicts over the pair's halves and one AND applies them: 1.75
-    instructions a score where the 32-bit path (_drop_quads) takes 2.75."""
+    register, and its two draws sit at the same byte of the thread's two words of their group
+    (column parity 0 and 1), so kept_draws compares four draws at once, one PRMT spreads the two
+    verdicts over the pair's halves and one AND applies them: 1.75 instructions a score where
+    the 32-bit path (_drop_quads) takes 2.75."""
     kept = {place: (drop.kept_draws(w[0]), drop.kept_draws(w[1]))
             for place, w in quad_words(coords_mn, head, batch, drop, rows_are_queries=True)}
     places = _mn_places(acc)

@@ -107,9 +107,10 @@ def tables_of(seq) -> VisitTables:
     """Per-KV-tile tables of one sequence's schedule (`seq`: the launch plan's SequenceSchedule)."""
     n = seq.geometry.num_kv_tiles
     paired = _is_pair_launch(seq)
-    if not paired and any(len(w.segments) != 1 for w in seq.workers):
+    several = next((w for w in seq.workers if len(w.segments) != 1), None)
+    if not paired and several is not None:
         raise Unsupported(f"schedule variant {seq.variant!r} runs the KV tiles "
-                          f"{[s.kv for s in seq.workers[0].segments]} in one worker; the Hopper kernel runs "
+                          f"{[s.kv for s in several.segments]} in one worker; the Hopper kernel runs "
                           "one KV tile per CTA or the pairs (p, N-1-p)")
     kv_descending, top_group_first = (False, False) if paired else _launch_of(
         [w.segments[0].kv for w in seq.workers], n, seq.group_size)
