@@ -21,8 +21,7 @@ Points given after OUT_DIR replace the built-in POINTS; `--variants=a,b,...` tim
 protocol in the writer's loop is gone too; `shift-afresh`: ordered, with the writer computing each
 `shift` visit afresh instead of carrying its index, the same bits; under the causal symmetric
 shift `pairs-read`: the dQ writer too reads the plan's lists instead of computing the order,
-`pairs-computed`: the producer and consumers too compute it, `pairs-one-per-cta`: FA4's grid
-of one CTA per pair instead of the persistent one, the same bits).
+`pairs-computed`: the producer and consumers too compute it, the same bits).
 
 Writes OUT_DIR/dq_chain.json and prints one line per point (backward TFLOP/s).
 """
@@ -50,8 +49,7 @@ POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (12
           (128, True, 2048, "arrival")]
 # The OrderedBackwardSm90 switches as the product sets them, and what each variant changes.
 _PRODUCT = dict(WAIT_FOR_RANK=True, WAIT_FOR_LANDING=True, READ_TURN_AHEAD=True, RELEASE_COUNTER=True,
-                CARRY_SHIFT_VISITS=True, PAIR_ROWS_COMPUTED=False, PAIR_RANKS_COMPUTED=True,
-                PERSISTENT_PAIRS=True)
+                CARRY_SHIFT_VISITS=True, PAIR_ROWS_COMPUTED=False, PAIR_RANKS_COMPUTED=True)
 VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False),
             "no-rank-wait": dict(WAIT_FOR_RANK=False), "no-landing": dict(WAIT_FOR_LANDING=False),
             "neither": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False),
@@ -59,7 +57,6 @@ VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False),
             "shift-afresh": dict(CARRY_SHIFT_VISITS=False),
             "pairs-read": dict(PAIR_RANKS_COMPUTED=False),
             "pairs-computed": dict(PAIR_ROWS_COMPUTED=True),
-            "pairs-one-per-cta": dict(PERSISTENT_PAIRS=False),
             "atomic": {}}
 
 

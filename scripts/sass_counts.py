@@ -75,7 +75,6 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
         lambda t, leading_dim, alignment, stride_order: bwd_sm90.to_cute_tensor(
             t, assumed_align=alignment, leading_dim=leading_dim))
     bwd_sm90.cute.compile = _without_launch(bwd_sm90.cute.compile)
-    bwd_sm90.OrderedBackwardSm90.PAIR_GRID_SMS = 132   # an H100's; no GPU here to ask
     # Orders the kernel reads from tables (the causal symmetric shift): fake tables of their shape.
     bwd_sm90._tables_on_device = lambda tables, batch, heads, device: tuple(
         torch.empty(batch, heads, *t.shape, dtype=torch.int32, device="cuda")

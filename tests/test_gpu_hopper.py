@@ -329,33 +329,6 @@ def test_symmetric_shift_over_two_groups_repeats_and_sums_as_ascending_does():
         assert rel(a, b.double().cpu()) < 1e-2, f"{name}: {rel(a, b.double().cpu()):.2e} from ascending"
 
 
-@pytest.mark.parametrize("seqlen, head_dim, gqa", [(2048, 128, 1), (16384, 128, 1), (32768, 128, 1),
-                                                  (8192, 64, 1), (4096, 128, 4)], ids=str)
-def test_symmetric_shift_grid_size_does_not_change_the_bits(seqlen, head_dim, gqa):
-    """The causal symmetric shift runs on a persistent grid of whole groups of pairs
-    (bwd_sm90._PersistentPairScheduler); on FA4's grid of one CTA per pair, and on a persistent
-    grid sized for half the GPU's SMs, every dQ tile takes its adds in the same ranks, so dQ, dK
-    and dV are the same bits. Several heads per grid, GQA's ordered dK/dV sums included."""
-    from dash_plugin.kernels.hopper import bwd_sm90
-    heads = 65536 // seqlen
-    p = problem(1, seqlen, heads, heads // gqa, head_dim, True, seed=11)
-    kernel = bwd_sm90.OrderedBackwardSm90
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    grads = {}
-    try:
-        with hang_guard(300):
-            for name, persistent, grid_sms in (("persistent", True, None), ("one per pair", False, None),
-                                               ("half the SMs", True, sms // 2)):
-                kernel.PERSISTENT_PAIRS, kernel.PAIR_GRID_SMS = persistent, grid_sms
-                grads[name] = backward(p, "shift")
-            torch.cuda.synchronize()
-    finally:
-        kernel.PERSISTENT_PAIRS, kernel.PAIR_GRID_SMS = True, None
-    for name in ("one per pair", "half the SMs"):
-        for g, a, b in zip(("dq", "dk", "dv"), grads["persistent"], grads[name]):
-            assert torch.equal(a, b), f"{g} differs between the persistent grid and {name}"
-
-
 def test_atomic_differs_between_passes():
     p = problem(2, 2048, 8, 2, 128, False, seed=2)
     assert count_mismatching_passes(lambda: backward(p, "atomic"), 50) > 0

@@ -8,8 +8,7 @@ import torch
 
 from dash_plugin.kernels.backends import DeviceProps, Request
 from dash_plugin.kernels.hopper import (HEAD_DIMS, RESIDENT_SLOTS, Unsupported, VisitTables, batch_tables, bwd_tiles,
-                                        check_waits_follow_launch, closed_form_visits, persistent_pair_ctas,
-                                        persistent_pair_walks, tables_of)
+                                        check_waits_follow_launch, closed_form_visits, tables_of)
 from dash_plugin.kernels.hopper.masks import fa4_mask
 from dash_plugin.kernels.hopper_backend import BACKEND, HopperTiles
 from dash_plugin.schedules import make_geometry, registry
@@ -177,69 +176,6 @@ def test_a_pair_whose_first_tile_waits_for_its_own_second_is_refused():
     bad = dataclasses.replace(t, rank=rank)
     with pytest.raises(Unsupported, match="may not have reached"):
         check_waits_follow_launch(bad)
-
-
-def _run_walks(t, walks, heads):
-    """Play the CTAs' walks through the ranks, every CTA active at once (the persistent grid is
-    one CTA per SM): each round, every CTA makes the adds whose turn it is. Returns the adds
-    left when no CTA could make one (0: all done)."""
-    n = t.count.shape[0]
-    pairs = n // 2
-    count, q_tile, rank = t.count.tolist(), t.q_tile.tolist(), t.rank.tolist()
-
-    def adds(slot):
-        head, p = divmod(slot, pairs)
-        return [(head, q_tile[kv][i], rank[kv][i]) for kv in (p, n - 1 - p) for i in range(count[kv])]
-
-    queues = [[a for slot in walk for a in adds(slot)] for walk in walks]
-    at = [0] * len(queues)
-    counter = {}
-    left = sum(map(len, queues))
-    while left:
-        moved = False
-        for c, queue in enumerate(queues):
-            while at[c] < len(queue) and counter.get(queue[at[c]][:2], 0) == queue[at[c]][2]:
-                counter[queue[at[c]][:2]] = queue[at[c]][2] + 1
-                at[c], left, moved = at[c] + 1, left - 1, True
-        if not moved:
-            return left
-    assert all(counter[(h, q)] == sum(1 for kv in range(n) if q in q_tile[kv][:count[kv]])
-               for h, q in counter)
-    return 0
-
-
-@pytest.mark.parametrize("seqlen, d", [(1024, 128), (2048, 128), (4096, 64), (16384, 128), (32768, 128)])
-@pytest.mark.parametrize("sms", (132, 114, 78, 66))
-def test_persistent_pair_grid_starts_every_group_together_and_makes_progress(seqlen, d, sms):
-    """The persistent paired grid is the most whole groups that fit the SMs; each group's pairs
-    sit at the same position of distinct CTAs' walks; the walks, all CTAs running at once,
-    finish every dQ tile's adds in rank order over several heads."""
-    t = plan_tables("shift", seqlen=seqlen, head_dim=d, causal=True)
-    pairs, g, heads = t.count.shape[0] // 2, t.group_size, 3
-    ctas = persistent_pair_ctas(sms, pairs, g)
-    assert ctas % g == 0 and sms - g < ctas <= sms
-    walks = persistent_pair_walks(heads * pairs, ctas)
-    where = {slot: (c, i) for c, walk in enumerate(walks) for i, slot in enumerate(walk)}
-    assert sorted(where) == list(range(heads * pairs))
-    for first in range(0, heads * pairs, g):
-        members = [where[s] for s in range(first, first + g)]
-        assert len({i for _, i in members}) == 1 and len({c for c, _ in members}) == g
-    assert _run_walks(t, walks, heads) == 0
-
-
-def test_pair_walks_of_a_grid_smaller_than_a_group_stall():
-    """The check above can fail: on a grid of half a group a CTA runs two members of one group,
-    and the first waits for adds of the second."""
-    t = plan_tables("shift", seqlen=2048, head_dim=128, causal=True)
-    pairs, g = t.count.shape[0] // 2, t.group_size
-    assert _run_walks(t, persistent_pair_walks(2 * pairs, g // 2), 2) > 0
-
-
-def test_persistent_pair_grid_is_refused_where_groups_do_not_divide_a_head():
-    assert persistent_pair_ctas(132, 130, 44) == 0     # 130 pairs: groups of 44, 44, 42
-    assert persistent_pair_ctas(132, 128, 64) == 128
-    assert persistent_pair_ctas(132, 4, 4) == 132
-    assert persistent_pair_ctas(32, 64, 64) == 0       # a group larger than the GPU
 
 
 def test_packed_batches_do_not_take_the_paired_launch():

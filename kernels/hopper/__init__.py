@@ -13,8 +13,7 @@ from functools import lru_cache
 from .masks import fa4_mask
 from .tile_table import HEAD_DIMS, bwd_tiles
 from .visit_tables import (CLOSED_FORMS, RESIDENT_SLOTS, Unsupported, VisitTables, batch_tables,
-                           check_waits_follow_launch, closed_form_visits, persistent_pair_ctas,
-                           persistent_pair_walks, tables_of)
+                           check_waits_follow_launch, closed_form_visits, tables_of)
 
 
 @lru_cache(maxsize=1)   # asked on every call's backend choice; installs do not change mid-process

@@ -50,7 +50,7 @@ from ..philox import keep_scale
 from . import dropout_sm90
 from .masks import fa4_mask
 from .tile_table import bwd_tiles
-from .visit_tables import VisitTables, persistent_pair_ctas
+from .visit_tables import VisitTables
 
 
 class OrderedBackwardSm90(FlashAttentionBackwardSm90):
@@ -84,12 +84,6 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # scripts/gpu_dq_chain_probe.py variants pairs-computed, pairs-read).
     PAIR_ROWS_COMPUTED = False
     PAIR_RANKS_COMPUTED = True
-    # The paired launch on a persistent grid whose size is a multiple of the group
-    # (`_PersistentPairScheduler`); off: FA4's grid of one CTA per pair. Same bits.
-    PERSISTENT_PAIRS = True
-    # SM count the persistent paired grid is sized for; None: the GPU's. Tests set it lower to
-    # show that the grid's size does not change the bits.
-    PAIR_GRID_SMS = None
     # Units (half groups, eight scores) of a step's dropout mask drawn while its products run
     # (dropout_sm90.MaskWords); None: ahead_units' rule.
     AHEAD_UNITS = None
@@ -542,14 +536,13 @@ class _VisitRows:
 
 
 @contextmanager
-def _launch_head_by_head(enabled: bool, top_group: int = 0, pair_threads: int = 0, pair_ctas: int = 0):
+def _launch_head_by_head(enabled: bool, top_group: int = 0, pair_threads: int = 0):
     """While FA4's __call__ builds its grid, its tile schedulers (dense deterministic, and packed)
     launch the KV tiles of one head after another (no interleaving of heads for L2 reuse), so a
     cyclic group of G KV tiles occupies G consecutive launch slots (visit_tables.RESIDENT_SLOTS);
     with `top_group` > 0, in groups of that many launched top group first (`_top_group_first`);
     with `pair_threads` > 0 (dense batches), in pairs (`_PairScheduler`: that many threads meet
-    at its hand-over of the K/V buffers), on a persistent grid of `pair_ctas` CTAs where that is
-    > 0 (`_PersistentPairScheduler`). It swaps module globals of FA4's for the compile
+    at its hand-over of the K/V buffers). It swaps module globals of FA4's for the compile
     (FA4's __call__ names the classes directly), under a lock so that two of our compiles never
     interleave the swap; a compile of FA4's own backward in another thread at that moment would
     still see it."""
@@ -557,7 +550,7 @@ def _launch_head_by_head(enabled: bool, top_group: int = 0, pair_threads: int = 
         yield
         return
     swaps = dict(zip(("SingleTileLPTBwdScheduler", "SingleTileVarlenScheduler"),
-                     _head_by_head_schedulers(top_group, pair_threads, pair_ctas)))
+                     _head_by_head_schedulers(top_group, pair_threads)))
     with _swap_lock:
         saved = {name: getattr(flash_bwd_sm90, name) for name in swaps}
         for name, cls in swaps.items():
@@ -674,8 +667,8 @@ class _PairScheduler(_HeadByHeadScheduler):
         return self.get_current_work()
 
     @cute.jit
-    def _hand_over_kv(self, another_tile):
-        if another_tile:
+    def _hand_over_kv(self, first_of_pair):
+        if first_of_pair:
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             if warp == 0:
                 cute.arch.barrier(barrier_id=KV_FREE_BARRIER, number_of_threads=self.KV_FREE_THREADS)
@@ -685,47 +678,9 @@ class _PairScheduler(_HeadByHeadScheduler):
                 cute.arch.barrier_arrive(barrier_id=KV_FREE_BARRIER, number_of_threads=self.KV_FREE_THREADS)
 
 
-class _PersistentPairScheduler(_PairScheduler):
-    """The paired launch on a persistent grid of CTAS CTAs (visit_tables.persistent_pair_ctas):
-    CTA c runs the pairs of launch slots c, c + CTAS, c + 2 CTAS, ..., each pair's two KV tiles
-    one after the other. CTAS is a multiple of the group size, and the groups start at multiples
-    of it, so the members of a group run at the same position of their CTAs' walks: CTAs of
-    equal work start each group together (on FA4's grid a wave of one CTA per SM does not divide
-    into groups, and a group's first members started a wave ahead of the rest). Which CTA runs
-    which pair changes nothing in the ranks: the bits are those of the one-pair-per-CTA grid.
-    `_tile_idx` is 2 x slot + (0: big side, 1: small side)."""
-
-    CTAS = 0   # set per kernel
-
-    @classmethod
-    def get_grid_shape(cls, params, *, loc=None, ip=None):
-        return (cutlass.min(params.total_blocks, Int32(cls.CTAS)), Int32(1), Int32(1))
-
-    @classmethod
-    def create(cls, params, *, loc=None, ip=None):
-        return cls(params, 2 * cute.arch.block_idx()[0], loc=loc, ip=ip)
-
-    @cute.jit
-    def get_current_work(self, *, loc=None, ip=None):
-        slot, second = self._tile_idx // 2, self._tile_idx % 2 == 1
-        pair, head, batch, split = SingleTileLPTBwdScheduler(self.params, slot).get_current_work().tile_idx
-        kv = cutlass.select_(second, 2 * self.params.num_block - 1 - pair, pair)
-        return WorkTileInfo((Int32(kv), head, batch, split), slot < self.params.total_blocks)
-
-    def advance_to_next_work(self, *, loc=None, ip=None):
-        t = self._tile_idx
-        nxt = cutlass.select_(t % 2 == 0, t + 1, t - 1 + 2 * self.CTAS)
-        self._hand_over_kv(nxt // 2 < self.params.total_blocks)
-        self._tile_idx = nxt
-        return self.get_current_work()
-
-
 @functools.lru_cache(maxsize=None)
-def _head_by_head_schedulers(top_group: int, pair_threads: int = 0, pair_ctas: int = 0):
+def _head_by_head_schedulers(top_group: int, pair_threads: int = 0):
     if pair_threads:
-        if pair_ctas:
-            return (type("_PersistentPairScheduler", (_PersistentPairScheduler,),
-                         {"KV_FREE_THREADS": pair_threads, "CTAS": pair_ctas}), _HeadByHeadVarlenScheduler)
         return type("_PairScheduler", (_PairScheduler,), {"KV_FREE_THREADS": pair_threads}), _HeadByHeadVarlenScheduler
     if top_group == 0:
         return _HeadByHeadScheduler, _HeadByHeadVarlenScheduler
@@ -853,14 +808,10 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     dropout = dropout_p > 0
     aux = [dropout_sm90.params_tensor(seed, dropout_p, dev)] if dropout else None
     head_by_head = tables.group_size > 1 or tables.paired   # cyclic groups must be co-resident
-    pair_ctas = 0
-    if tables.paired and OrderedBackwardSm90.PERSISTENT_PAIRS:
-        sms = OrderedBackwardSm90.PAIR_GRID_SMS or torch.cuda.get_device_properties(dev).multi_processor_count
-        pair_ctas = persistent_pair_ctas(sms, sk_r // tn // 2, tables.group_size)
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout,
-           sem_cols, varlen, tables.top_group_first, tables.paired, computed, pair_ctas)
+           sem_cols, varlen, tables.top_group_first, tables.paired, computed)
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
@@ -883,8 +834,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
         if tables.paired and varlen:
             raise ValueError("the paired launch (causal symmetric shift) runs dense batches only")
         pair_threads = cfg.num_wg * 128 + 32 if tables.paired else 0   # consumers + the producer warp
-        with _launch_head_by_head(head_by_head, tables.group_size if tables.top_group_first else 0,
-                                  pair_threads, pair_ctas):
+        with _launch_head_by_head(head_by_head, tables.group_size if tables.top_group_first else 0, pair_threads):
             _compiled[key] = cute.compile(
                 kernel, *(to_cute_tensor(t) for t in (q, k, v, dout, lse_log2, dpsum, dq_accum, dk_out, dv_out)),
                 softmax_scale, *cu, None, None, window_size_left, window_size_right, *sems,

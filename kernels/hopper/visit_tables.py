@@ -88,23 +88,6 @@ def pair_launch(n: int) -> list[tuple[int, ...]]:
     return [(p, n - 1 - p) for p in range(n // 2)]
 
 
-def persistent_pair_ctas(sms: int, pairs_per_head: int, group: int) -> int:
-    """CTAs of the persistent grid that runs the paired launch on a GPU of `sms` SMs (one CTA
-    each), or 0: one CTA per pair on FA4's grid. The grid is the most whole groups that fit, so
-    that with groups starting at multiples of `group` (every head's pairs split into equal
-    groups) each group's members run side by side, at the same position of their CTAs' walks
-    (`persistent_pair_walks`). Only the launch depends on the SM count; the ranks do not."""
-    if group < 1 or group > sms or pairs_per_head % group:
-        return 0
-    return sms // group * group
-
-
-def persistent_pair_walks(total_pairs: int, ctas: int) -> list[list[int]]:
-    """Launch slots (pairs, counted over every head) each CTA of the persistent paired grid runs,
-    in order; `bwd_sm90._PersistentPairScheduler` computes the same per CTA."""
-    return [list(range(c, total_pairs, ctas)) for c in range(min(ctas, total_pairs))]
-
-
 def _is_pair_launch(seq) -> bool:
     kvs = [tuple(s.kv for s in w.segments) for w in seq.workers]
     return any(len(k) > 1 for k in kvs) and kvs == pair_launch(seq.geometry.num_kv_tiles)
