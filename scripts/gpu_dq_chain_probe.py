@@ -10,7 +10,7 @@ it times, on the same inputs in one process:
   neither       both off.
 
 Variants other than `ordered` and `atomic` give unordered bits and exist only to be timed
-(OrderedBackwardSm90.WAIT_FOR_RANK / WAIT_FOR_LANDING / READ_TURN). If `no-rank-wait` is near `atomic`, the
+(OrderedBackwardSm90.WAIT_FOR_RANK / WAIT_FOR_LANDING / READ_TURN_AHEAD). If `no-rank-wait` is near `atomic`, the
 time goes to waiting for one's turn (the schedule's business); if `no-landing` is, to the round
 trip of each add to global memory before the next contributor may start (the protocol's).
 
@@ -48,10 +48,9 @@ POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (12
           (128, False, 4096, "ascending"), (64, False, 2048, "ascending"), (64, True, 8192, "spt"),
           (128, True, 2048, "arrival")]
 # The OrderedBackwardSm90 switches as the product sets them, and what each variant changes.
-_PRODUCT = dict(WAIT_FOR_RANK=True, WAIT_FOR_LANDING=True, READ_TURN="while-landing", RELEASE_COUNTER=True,
+_PRODUCT = dict(WAIT_FOR_RANK=True, WAIT_FOR_LANDING=True, READ_TURN_AHEAD=True, RELEASE_COUNTER=True,
                 CARRY_SHIFT_VISITS=True, PAIR_ROWS_COMPUTED=False, PAIR_RANKS_COMPUTED=True)
-VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN="at-wait"),
-            "read-with-partial": dict(READ_TURN="with-partial"),
+VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False),
             "no-rank-wait": dict(WAIT_FOR_RANK=False), "no-landing": dict(WAIT_FOR_LANDING=False),
             "neither": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False),
             "no-release": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False, RELEASE_COUNTER=False),

@@ -68,11 +68,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # costs by turning it off (the bits are then no longer ordered); always on in the product.
     WAIT_FOR_RANK = True      # acquire: wait until the tile's counter equals this add's rank
     WAIT_FOR_LANDING = True   # release only once the add has landed in global memory
-    # When the writer reads the counter of the dQ tile it adds to next (acquire loads):
-    # "while-landing": the next step's, between issuing this add and waiting for it to land;
-    # "with-partial": this step's, before waiting for the consumers' partial, then checked;
-    # "at-wait": this step's, only when its turn is waited for (a round trip in the loop).
-    READ_TURN = "while-landing"
+    READ_TURN_AHEAD = True    # read the next tile's counter while this add lands (on in the product)
     RELEASE_COUNTER = True    # off: no counter increment either (only with WAIT_FOR_RANK off: nobody reads it)
     # For scripts/gpu_dq_wait_probe.py: the dQ writer also sums the SM clock cycles it spends in
     # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
@@ -285,23 +281,17 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                 cute.arch.cp_async_bulk_wait_group(chunks - 1 - c, read=True)
             cute.arch.barrier_arrive(barrier_id=int(NamedBarrierBwd.dQEmptyWG0) + c,
                                      number_of_threads=handshake)
-        ordered = self.deterministic and self.WAIT_FOR_RANK
-        with_partial = ordered and self.READ_TURN == "with-partial"
-        if const_expr(ordered and not with_partial):
-            self._wait_turn_recorded(counters, m_block, n_block, lane, rank, seen)
-        if const_expr(with_partial):   # in flight while the consumers finish the partial
-            seen = self._read_turn(counters[(m_block, None)].iterator, lane, rank)
+        if const_expr(self.deterministic and self.WAIT_FOR_RANK):
+            if const_expr(self.RECORD_WAITS):
+                started = cute.arch.clock()
+            self._wait_turn(counters[(m_block, None)].iterator, lane, rank, seen)
+            if const_expr(self.RECORD_WAITS):
+                self._record(counters, cute.arch.clock() - started, (m_block, 1), (n_block, 2))
         record = self.RECORD_WAITS and self.deterministic
         if const_expr(record):
             started = cute.arch.clock()
         for c in cutlass.range_constexpr(chunks):
             cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFullWG0) + c, number_of_threads=handshake)
-            if const_expr(with_partial and c == 0):
-                if const_expr(record):
-                    self._record(counters, cute.arch.clock() - started, (n_block, 4))
-                self._wait_turn_recorded(counters, m_block, n_block, lane, rank, seen)
-                if const_expr(record):
-                    started = cute.arch.clock()
             with cute.arch.elect_one():
                 copy_utils.cpasync_reduce_bulk_add_f32(
                     sdQaccum[None, c].iterator, gdQ[(None, c), m_block].iterator, self.tma_copy_bytes["dQ"])
@@ -309,7 +299,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         if const_expr(record):   # waiting for the consumers' partial (and issuing it)
             self._record(counters, cute.arch.clock() - started, (n_block, 4))
         seen_next = Int32(-1)
-        if const_expr(ordered and self.READ_TURN == "while-landing"):
+        if const_expr(self.deterministic and self.WAIT_FOR_RANK and self.READ_TURN_AHEAD):
             if has_next:
                 seen_next = self._read_turn(counters[(next_m_block, None)].iterator, lane, next_rank)
         if const_expr(self.deterministic):
@@ -322,15 +312,6 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             if const_expr(self.RELEASE_COUNTER):
                 barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
         return seen_next
-
-    @cute.jit
-    def _wait_turn_recorded(self, counters, m_block, n_block, lane, rank, seen):
-        """_wait_turn on m_block's counter; with RECORD_WAITS the cycles go to the probe's columns."""
-        if const_expr(self.RECORD_WAITS):
-            started = cute.arch.clock()
-        self._wait_turn(counters[(m_block, None)].iterator, lane, rank, seen)
-        if const_expr(self.RECORD_WAITS):
-            self._record(counters, cute.arch.clock() - started, (m_block, 1), (n_block, 2))
 
     @cute.jit
     def _read_turn(self, counter, lane, rank) -> Int32:
