@@ -3,8 +3,9 @@ it times, on the same inputs in one process:
 
   atomic        the non-deterministic backward (unordered bulk adds);
   ordered       the product: wait for the rank, add, wait until the add has landed, release,
-                with the next tile's counter read while the add lands;
+                with the next tile's counter read while the add lands above head dim 64;
   no-read-ahead the same with each counter read only when its turn is waited for;
+  read-ahead    the same with the next counter read while the add lands at every head dim;
   no-rank-wait  the same without the acquire wait (the adds land in any order);
   no-landing    with the acquire wait, but the release as soon as shared memory is read;
   neither       both off.
@@ -48,9 +49,9 @@ POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (12
           (128, False, 4096, "ascending"), (64, False, 2048, "ascending"), (64, True, 8192, "spt"),
           (128, True, 2048, "arrival")]
 # The OrderedBackwardSm90 switches as the product sets them, and what each variant changes.
-_PRODUCT = dict(WAIT_FOR_RANK=True, WAIT_FOR_LANDING=True, READ_TURN_AHEAD=True, RELEASE_COUNTER=True,
+_PRODUCT = dict(WAIT_FOR_RANK=True, WAIT_FOR_LANDING=True, READ_TURN_AHEAD=None, RELEASE_COUNTER=True,
                 CARRY_SHIFT_VISITS=True, PAIR_ROWS_COMPUTED=False, PAIR_RANKS_COMPUTED=True)
-VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False),
+VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False), "read-ahead": dict(READ_TURN_AHEAD=True),
             "no-rank-wait": dict(WAIT_FOR_RANK=False), "no-landing": dict(WAIT_FOR_LANDING=False),
             "neither": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False),
             "no-release": dict(WAIT_FOR_RANK=False, WAIT_FOR_LANDING=False, RELEASE_COUNTER=False),

@@ -19,6 +19,7 @@ conversion that asks the CUDA driver) are replaced by no-ops here: only our kern
 from __future__ import annotations
 
 import argparse
+import ast
 import glob
 import os
 import re
@@ -46,7 +47,7 @@ def _without_launch(compile_fn):
 
 
 def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int,
-             schedule: str = "descending", seqlen: int = 512, grid: str = "one-tile") -> None:
+             schedule: str = "descending", seqlen: int = 512, grid: str = "one-tile", switches=()) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -75,6 +76,10 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
         lambda t, leading_dim, alignment, stride_order: bwd_sm90.to_cute_tensor(
             t, assumed_align=alignment, leading_dim=leading_dim))
     bwd_sm90.cute.compile = _without_launch(bwd_sm90.cute.compile)
+    for name, value in switches:   # imported only now: the CuTe DSL reads its dump settings at import
+        if not hasattr(bwd_sm90.OrderedBackwardSm90, name):
+            raise SystemExit(f"--set {name}: OrderedBackwardSm90 has no such switch")
+        setattr(bwd_sm90.OrderedBackwardSm90, name, value)
     # Orders the kernel reads from tables (the causal symmetric shift): fake tables of their shape.
     bwd_sm90._tables_on_device = lambda tables, batch, heads, device: tuple(
         torch.empty(batch, heads, *t.shape, dtype=torch.int32, device="cuda")
@@ -94,6 +99,16 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
                                     tables=tables, deterministic=True, dropout_p=dropout, seed=1)
 
 
+def _switch(text: str):
+    name, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--set {text!r}: expected NAME=VALUE")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", choices=("fwd", "bwd"), default="fwd")
@@ -107,6 +122,9 @@ def main(argv=None) -> int:
                     help="fwd: FA4's grid (default) or the persistent one (kernels/hopper/fwd_persistent.py)")
     ap.add_argument("--seqlen", type=int, default=512,
                     help="tokens per sequence (default 512; the bwd plan, e.g. arrival's groups, follows it)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", type=_switch,
+                    help="bwd: set an OrderedBackwardSm90 switch (a Python literal, else a string), e.g. "
+                         "READ_TURN=with-partial; repeatable")
     args = ap.parse_args(argv)
     if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
         print("set CUTE_DSL_ARCH=sm_90a (no GPU here to ask)", file=sys.stderr)
@@ -114,7 +132,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump)
         _compile(args.kernel, args.head_dim, not args.full, args.dropout, args.heads_kv, args.schedule,
-                 args.seqlen, args.grid)
+                 args.seqlen, args.grid, args.set)
         files = glob.glob(os.path.join(dump, "*.sass"))
         if len(files) != 1:
             print(f"expected one SASS file, found {len(files)} in {dump}", file=sys.stderr)

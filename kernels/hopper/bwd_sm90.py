@@ -68,7 +68,8 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # costs by turning it off (the bits are then no longer ordered); always on in the product.
     WAIT_FOR_RANK = True      # acquire: wait until the tile's counter equals this add's rank
     WAIT_FOR_LANDING = True   # release only once the add has landed in global memory
-    READ_TURN_AHEAD = True    # read the next tile's counter while this add lands (on in the product)
+    # Read the next tile's counter while this add lands; None: read_turn_ahead()'s rule.
+    READ_TURN_AHEAD = None
     RELEASE_COUNTER = True    # off: no counter increment either (only with WAIT_FOR_RANK off: nobody reads it)
     # For scripts/gpu_dq_wait_probe.py: the dQ writer also sums the SM clock cycles it spends in
     # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
@@ -299,7 +300,7 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         if const_expr(record):   # waiting for the consumers' partial (and issuing it)
             self._record(counters, cute.arch.clock() - started, (n_block, 4))
         seen_next = Int32(-1)
-        if const_expr(self.deterministic and self.WAIT_FOR_RANK and self.READ_TURN_AHEAD):
+        if const_expr(self.deterministic and self.WAIT_FOR_RANK and self.read_turn_ahead()):
             if has_next:
                 seen_next = self._read_turn(counters[(next_m_block, None)].iterator, lane, next_rank)
         if const_expr(self.deterministic):
@@ -312,6 +313,17 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             if const_expr(self.RELEASE_COUNTER):
                 barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
         return seen_next
+
+    def read_turn_ahead(self) -> bool:
+        """Whether the dQ writer reads the next tile's counter while an add lands: above head dim
+        64. It took the counter's round trip out of the writer's loop where contributors wait
+        for their turn (hdim 128 causal 2k `arrival`: +5-8 %, full 8k: +2-6 %). At hdim 64 it
+        gained nothing at 2k-8k and cost 0-5 % at full 16k in four runs, with a wider scatter (the
+        acquire load is still in flight at the release fence that follows the landing wait, so
+        the release waits for it too); H100, docs/benchmarks/read-turn-2026-11-25-h100/."""
+        if self.READ_TURN_AHEAD is not None:
+            return self.READ_TURN_AHEAD
+        return self.tile_hdim > 64
 
     @cute.jit
     def _read_turn(self, counter, lane, rank) -> Int32:
