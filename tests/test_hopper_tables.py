@@ -427,6 +427,8 @@ def test_packed_batches_and_unequal_lengths_run_here(monkeypatch):
     (dict(causal=False, head_dim=192, seqlen_q=2048, seqlen_k=2048), "shift"),
     (dict(causal=False, head_dim=128, seqlen_q=1024, seqlen_k=1024), "shift"),
     (dict(causal=False, head_dim=128, seqlen_q=2048, seqlen_k=2048), "ascending"),
+    (dict(causal=False, head_dim=64, seqlen_q=2048, seqlen_k=2048), "shift"),
+    (dict(causal=False, head_dim=64), "ascending"),
     (dict(causal=False, head_dim=192), "ascending"),
     (dict(causal=True, head_dim=256), "spt"),
     (dict(causal=True, head_dim=256, varlen=True), "spt"),   # packed arrival does not run at hdim 256

@@ -66,13 +66,17 @@ RULES = [
                'hdim128 16k: descending 547.1, arrival 538.4 (groups of 32: 550.6, 16: 545.3), spt 543.8; '
                'hdim192 8k: descending 431.7, arrival 424.7, spt 370.4 (a tie or a loss for arrival: its rank '
                'wait is back to ~1,000 cycles a step once heads follow each other)'},
-    {'mask': 'full', 'head_dim_max': 64, 'seqlen_max': 1024, 'schedule': 'shift',
+    {'mask': 'full', 'head_dim_max': 64, 'seqlen_max': 2048, 'schedule': 'shift',
      'source': 'measured H100 hdim64 full s=1k after the closed-form shift (whole-head groups): '
                'shift 371.8/369.7, ascending 347.9/345.8 (gpu_hopper_bwd.py / dash-bench, '
-               'docs/benchmarks/hopper-shift-2026-11-23-h100/); at 2k shift 1.04x/0.99x, a tie'},
+               'docs/benchmarks/hopper-shift-2026-11-23-h100/); s=1k/2k with the dQ writer no longer '
+               'reading counters ahead at hdim 64, two paired runs and a median of 3 rounds: shift '
+               '378.4/378.8 and 453.5/457.3/457.1, ascending 345.9/346.2 and 426.7/419.6/427.6 '
+               '(docs/benchmarks/read-turn-2026-11-25-h100/; 2k before: 1.04x/0.99x)'},
     {'mask': 'full', 'head_dim_max': 64, 'schedule': 'ascending',
-     'source': 'measured H100 hdim64 full s=2k-16k: shift and ascending within the run-to-run '
-               'scatter (2k: 450.8 vs 433.8, then 437.8 vs 443.8)'},
+     'source': 'measured H100 hdim64 full s=4k-16k: shift and ascending within the run-to-run '
+               'scatter (4k: 509.0/508.4 vs 495.2/497.9 in paired runs, 476.3 vs 493.8 in a median '
+               'of 3 rounds, docs/benchmarks/read-turn-2026-11-25-h100/)'},
     {'mask': 'full', 'head_dim_min': 192, 'head_dim_max': 192, 'seqlen_max': 2048, 'schedule': 'shift',
      'source': 'measured H100 hdim192 full s=2k: shift 394.0, ascending 381.1 (wide-heads-2026-11-24-h100/)'},
     {'mask': 'full', 'seqlen_max': 1024, 'schedule': 'shift',
