@@ -22,13 +22,16 @@ Points given after OUT_DIR replace the built-in POINTS; `--variants=a,b,...` tim
 protocol in the writer's loop is gone too; `shift-afresh`: ordered, with the writer computing each
 `shift` visit afresh instead of carrying its index, the same bits; under the causal symmetric
 shift `pairs-read`: the dQ writer too reads the plan's lists instead of computing the order,
-`pairs-computed`: the producer and consumers too compute it, the same bits).
+`pairs-computed`: the producer and consumers too compute it, the same bits; `fa4-det`:
+FA4's own deterministic backward, timed at the points whose order it runs: `spt` on causal
+masks, `ascending` on full ones).
 
 Writes OUT_DIR/dq_chain.json and prints one line per point (backward TFLOP/s).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -58,7 +61,14 @@ VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False), "read-a
             "shift-afresh": dict(CARRY_SHIFT_VISITS=False),
             "pairs-read": dict(PAIR_RANKS_COMPUTED=False),
             "pairs-computed": dict(PAIR_ROWS_COMPUTED=True),
-            "atomic": {}}
+            "atomic": {}, "fa4-det": {}}
+
+
+def _fa4_deterministic(q, k, v, out, do, lse, causal):
+    """FA4's own deterministic backward (the same kernel with FA4's dQ writer) from our out/lse."""
+    from flash_attn.cute.interface import _flash_attn_bwd
+    return _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=q.shape[-1] ** -0.5, causal=causal,
+                           deterministic=True)
 
 
 def _variant_list(text):
@@ -93,9 +103,14 @@ def main(out_dir, points=None, variants=None):
         for hd, causal, s, sched in points:
             q, k, v, do, out, lse = inputs[(hd, causal, s)]
             schedule = "atomic" if variant == "atomic" else sched
-            call = lambda: dispatch.attention_backward(  # noqa: E731
-                do, q, k, v, out, lse, softmax_scale=hd ** -0.5, causal=causal, schedule=schedule,
-                backend="hopper", deterministic=schedule != "atomic")
+            if variant == "fa4-det":
+                if sched != ("spt" if causal else "ascending"):
+                    continue   # FA4's deterministic mode runs one order per mask
+                call = functools.partial(_fa4_deterministic, q, k, v, out, do, lse, causal)
+            else:
+                call = lambda: dispatch.attention_backward(  # noqa: E731
+                    do, q, k, v, out, lse, softmax_scale=hd ** -0.5, causal=causal, schedule=schedule,
+                    backend="hopper", deterministic=schedule != "atomic")
             call()
             ms = triton.testing.do_bench(call, warmup=25, rep=100)
             flops = bwd_flops(q.shape[0], q.shape[2], s, hd, causal)
