@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass
 from typing import Optional
 
@@ -447,6 +448,7 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
     if spent:
         out += ["", "Wall time per implementation, compiles and checks included (s): "
                 + ", ".join(f"{name} {sec:.0f}" for name, sec in spent.items())]
+    out += _clock_section(results)
     errors = {}
     for c in results["cells"]:
         if c.get("status") not in ("ok", "skipped"):
@@ -459,6 +461,34 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
             first_line = message.splitlines()[0][:300] if message else ""
             out.append(f"- {impl} at {', '.join(points)}: {first_line}")
     return "\n".join(out) + "\n"
+
+
+def clock_dips(results: dict, below: float = 0.9) -> tuple[Optional[float], list[tuple]]:
+    """(the run's median SM clock over every timing, [(point, impl, phase, lowest MHz)] for the
+    timings during which the clock fell below `below` times it): cells timed in a dip read slow."""
+    windows = [(c["point"], c["impl"], phase, w) for c in results["cells"]
+               for phase, w in (c.get("sm_clock") or {}).items() if w]
+    if not windows:
+        return None, []
+    run_median = statistics.median(w["sm_mhz_median"] for *_, w in windows)
+    return run_median, [(p, i, phase, w["sm_mhz_min"]) for p, i, phase, w in windows
+                        if w["sm_mhz_min"] < below * run_median]
+
+
+def _clock_section(results: dict) -> list[str]:
+    run_median, dips = clock_dips(results)
+    if run_median is None:
+        reason = results.get("clock_monitor")
+        return ["", f"SM clock not recorded: {reason}."] if reason and reason != "not a CUDA device" else []
+    out = ["", "## SM clock during the timings", "",
+           f"Median {run_median:.0f} MHz over every timing (nvidia-smi, every 50 ms). A board at its power cap "
+           "dips for a few hundred milliseconds as the power ramps up; a timing in a dip reads slow."]
+    if dips:
+        out += ["Timed while the clock fell below 90 % of that:", ""]
+        out += [f"- {impl} at {point}, {phase}: down to {mhz} MHz" for point, impl, phase, mhz in dips]
+    else:
+        out.append("No timing saw it below 90 % of that.")
+    return out
 
 
 def write_markdown(results: dict, path: str, *, command: Optional[str] = None) -> None:

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .clocks import ClockMonitor
 from .peers import Impl, first_output
 from .protocol import Point
 
@@ -175,8 +176,9 @@ def device_usable(device: torch.device) -> bool:
 
 # ---------------------------------------------------------------------------- one cell
 def run_cell(impl: Impl, point: Point, inputs, device: torch.device, settings: Settings,
-             reference: Optional[dict]) -> tuple[dict, Optional[dict]]:
-    """Measure one implementation at one point. Returns (cell, tensors for the accuracy reference or None)."""
+             reference: Optional[dict], clocks: Optional[ClockMonitor] = None) -> tuple[dict, Optional[dict]]:
+    """Measure one implementation at one point. Returns (cell, tensors for the accuracy reference or None).
+    With `clocks`, the cell also records the SM clock during each of its timings (`sm_clock`)."""
     cell = {"point": point.key, "impl": impl.name, "status": "ok"}
     started = time.perf_counter()
     ref_tensors = None
@@ -223,9 +225,16 @@ def run_cell(impl: Impl, point: Point, inputs, device: torch.device, settings: S
             # than our other columns running the same forward kernel; a one-off state at the start
             # of a cell would explain that. Both medians are recorded, so a run shows whether the
             # first is the outlier.
+            instants = [time.monotonic()]
             fwd_first = bench_ms(forward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
+            instants.append(time.monotonic())
             cell["bwd_ms"] = bench_ms(backward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
+            instants.append(time.monotonic())
             fwd_again = bench_ms(forward, device, warmup_ms=settings.warmup_ms, rep_ms=settings.rep_ms)
+            instants.append(time.monotonic())
+            if clocks is not None:
+                cell["sm_clock"] = {phase: clocks.window(a, b) for phase, a, b in
+                                    zip(("fwd_first", "bwd", "fwd_again"), instants, instants[1:])}
             cell["fwd_ms_runs"] = [fwd_first, fwd_again]
             cell["fwd_ms"] = min(fwd_first, fwd_again)
             cell["fwd_tflops"] = point.fwd_flops / (cell["fwd_ms"] * 1e-3) / 1e12
@@ -379,6 +388,9 @@ def _fmt_cell(cell: dict) -> str:
     det = "yes" if cell["deterministic"] else f"NO ({cell['det_mismatches']}/{cell['det_runs'] - 1} differ)"
     text = (f"fwd {cell['fwd_tflops']:.1f} TFLOP/s, bwd {cell['bwd_tflops']:.1f} TFLOP/s, det {det}{mem_s}, "
             f"err {cell['max_rel_err']:.1e}")
+    bwd_clock = (cell.get("sm_clock") or {}).get("bwd")
+    if bwd_clock:
+        text += f", bwd at {bwd_clock['sm_mhz_median']:.0f} MHz (min {bwd_clock['sm_mhz_min']})"
     status = cell.get("dropout_status")
     if status == "ok":
         text += (f"; dropout fwd+bwd {cell['dropout_on_ms']:.3g} ms vs {cell['dropout_off_ms']:.3g} ms without "
@@ -443,47 +455,52 @@ def run_benchmark(points: list[Point], impls: list[Impl], device: torch.device, 
     stop_reason = None
     total = len(points) * len(impls)
     done = 0
-    for n, point in enumerate(points, 1):
-        log(f"[{n}/{len(points)}] {point.key}: B={point.batch} S={point.seqlen} Hq={point.heads_q} "
-            f"Hkv={point.heads_kv} D={point.hdim} {point.mask} {point.dtype}")
-        inputs = make_inputs(point, device, settings.seed + n) if stop_reason is None else None
-        reference = None
-        for impl in impls:
-            done += 1
-            if stop_reason is None and deadline is not None and time.perf_counter() > deadline:
-                stop_reason = f"time budget of {max_minutes} min spent"
-                log(f"  stopping: {stop_reason}; the remaining cells are marked skipped")
-            if stop_reason is not None:
-                results["cells"].append({"point": point.key, "impl": impl.name, "status": "skipped",
-                                         "error": stop_reason})
-                continue
-            log(f"  ({done}/{total}) {impl.name} ...")
-            watchdog = None
-            if cell_timeout_s:
-                def fire(point=point, impl=impl):
-                    log(f"  WATCHDOG: {impl.name} at {point.key} still running after {cell_timeout_s:.0f} s")
-                    if on_hang is not None:
-                        on_hang(_hang_results(results, points, impls, point, impl, cell_timeout_s))
-                    _exit_after_hang()
-                watchdog = threading.Timer(cell_timeout_s, fire)
-                watchdog.daemon = True
-                watchdog.start()
-            try:
-                cell, ref = run_cell(impl, point, inputs, device, settings, reference)
-            finally:
-                if watchdog is not None:
-                    watchdog.cancel()
-            if reference is None and ref is not None:
-                reference = ref
-            results["cells"].append(cell)
-            log(f"  ({done}/{total}) {impl.name}: {_fmt_cell(cell)}  [{cell['seconds']:.1f}s]")
-            if (cell["status"] != "ok" or dropout_failed(cell)) and not device_usable(device):
-                stop_reason = f"the GPU context is unusable after {impl.name} failed at {point.key}"
-                log(f"  stopping: {stop_reason}")
-        del inputs, reference
-        results["elapsed_s"] = round(time.perf_counter() - started, 1)
-        if on_point_done is not None:
-            on_point_done(results)
+    # The SM clock during each timing: a Hopper board at its power cap dips for a few hundred
+    # milliseconds as the power ramps up, and a cell timed in a dip reads 10-15 % slow (clocks.py).
+    with ClockMonitor(device) as clocks:
+        sampled = clocks if clocks.reason is None else None
+        for n, point in enumerate(points, 1):
+            log(f"[{n}/{len(points)}] {point.key}: B={point.batch} S={point.seqlen} Hq={point.heads_q} "
+                f"Hkv={point.heads_kv} D={point.hdim} {point.mask} {point.dtype}")
+            inputs = make_inputs(point, device, settings.seed + n) if stop_reason is None else None
+            reference = None
+            for impl in impls:
+                done += 1
+                if stop_reason is None and deadline is not None and time.perf_counter() > deadline:
+                    stop_reason = f"time budget of {max_minutes} min spent"
+                    log(f"  stopping: {stop_reason}; the remaining cells are marked skipped")
+                if stop_reason is not None:
+                    results["cells"].append({"point": point.key, "impl": impl.name, "status": "skipped",
+                                             "error": stop_reason})
+                    continue
+                log(f"  ({done}/{total}) {impl.name} ...")
+                watchdog = None
+                if cell_timeout_s:
+                    def fire(point=point, impl=impl):
+                        log(f"  WATCHDOG: {impl.name} at {point.key} still running after {cell_timeout_s:.0f} s")
+                        if on_hang is not None:
+                            on_hang(_hang_results(results, points, impls, point, impl, cell_timeout_s))
+                        _exit_after_hang()
+                    watchdog = threading.Timer(cell_timeout_s, fire)
+                    watchdog.daemon = True
+                    watchdog.start()
+                try:
+                    cell, ref = run_cell(impl, point, inputs, device, settings, reference, sampled)
+                finally:
+                    if watchdog is not None:
+                        watchdog.cancel()
+                if reference is None and ref is not None:
+                    reference = ref
+                results["cells"].append(cell)
+                log(f"  ({done}/{total}) {impl.name}: {_fmt_cell(cell)}  [{cell['seconds']:.1f}s]")
+                if (cell["status"] != "ok" or dropout_failed(cell)) and not device_usable(device):
+                    stop_reason = f"the GPU context is unusable after {impl.name} failed at {point.key}"
+                    log(f"  stopping: {stop_reason}")
+            del inputs, reference
+            results["elapsed_s"] = round(time.perf_counter() - started, 1)
+            if on_point_done is not None:
+                on_point_done(results)
+    results["clock_monitor"] = clocks.reason or "nvidia-smi, every 50 ms"
     results["complete"] = stop_reason is None
     results["stop_reason"] = stop_reason
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
