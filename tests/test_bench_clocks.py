@@ -85,8 +85,14 @@ def test_the_report_names_the_timings_made_in_a_clock_dip():
             cell["sm_clock"] = {"fwd_first": steady, "bwd": steady, "fwd_again": steady}
     dipped = next(c for c in results["cells"] if c["impl"] == "dash-shift")
     dipped["sm_clock"] = dict(dipped["sm_clock"], bwd=dict(steady, sm_mhz_min=1335))
-    run_median, dips = report.clock_dips(results)
-    assert run_median == 1635 and dips == [(dipped["point"], "dash-shift", "bwd", 1335)]
+    # another point ran at the idle clock throughout: compared within itself, no dip
+    idle = {"sm_mhz_min": 1980, "sm_mhz_median": 1980, "samples": 3, "power_capped": False, "hw_slowdown": False}
+    for cell in results["cells"]:
+        if cell["status"] == "ok" and cell["point"] != dipped["point"]:
+            cell["sm_clock"] = {"fwd_first": idle, "bwd": idle, "fwd_again": idle}
+    medians, dips = report.clock_dips(results)
+    assert medians[dipped["point"]] == 1635 and set(medians.values()) == {1635, 1980}
+    assert dips == [(dipped["point"], "dash-shift", "bwd", 1335)]
     text = report.render_markdown(results)
     assert "## SM clock during the timings" in text and "- dash-shift at" in text and "down to 1335 MHz" in text
 
