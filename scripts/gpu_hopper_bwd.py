@@ -140,16 +140,23 @@ def bench_ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def time_rounds(impls: dict, repeat: int) -> dict:
+def time_rounds(impls: dict, repeat: int, clocks=None, lowest: dict | None = None) -> dict:
     """{name: [ms per round] or None if it failed}: every column once per round, rounds
-    interleaved, so a slow spell of the GPU hits all columns alike instead of one."""
+    interleaved, so a slow spell of the GPU hits all columns alike instead of one. With `clocks`
+    (a ClockMonitor) and a dict `lowest`, lowest[name] gets the lowest SM clock seen in each of
+    its rounds: a round timed in one of the power cap's clock dips reads slow
+    (docs/benchmarks/clocks-2026-11-25-h100/)."""
     times = {name: [] for name in impls}
     for _ in range(repeat):
         for name, fn in impls.items():
             if times[name] is None:
                 continue
             try:
+                start = time.monotonic()
                 times[name].append(bench_ms(fn))
+                if clocks is not None and lowest is not None:
+                    window = clocks.window(start, time.monotonic())
+                    lowest.setdefault(name, []).append(window and window["sm_mhz_min"])
             except Exception as exc:  # noqa: BLE001
                 times[name] = None
                 print(f"  {name}: ERROR {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -176,6 +183,14 @@ def gpu_environment() -> dict:
 
 
 def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True):
+    from dash_plugin.bench.clocks import ClockMonitor
+    with ClockMonitor(torch.device("cuda")) as clocks:
+        _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split,
+                    clocks if clocks.reason is None else None)
+    results["clock_monitor"] = clocks.reason or "nvidia-smi, every 50 ms"
+
+
+def _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split, clocks):
     fa4 = have_fa4()
     for d in hdims:
         for causal in [m == "causal" for m in masks]:
@@ -192,11 +207,14 @@ def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True)
                 if fa4:
                     impls["fa4-det"] = lambda: fa4_bwd(q, k, v, out, lse, do, causal, True)
                     impls["fa4"] = lambda: fa4_bwd(q, k, v, out, lse, do, causal, False)
-                times = time_rounds(impls, repeat)
+                lowest = {}
+                times = time_rounds(impls, repeat, clocks, lowest)
                 for name, ts in times.items():
                     row[name] = None if not ts else round(flops / median_ms(ts) / 1e9, 1)
                     if ts and repeat > 1:
                         row[f"{name} rounds"] = [round(flops / t / 1e9, 1) for t in ts]
+                    if name in lowest:
+                        row[f"{name} lowest MHz"] = lowest[name]
                 det = [row[k_] for k_ in impls if k_.startswith("cute-") and k_ != "cute-atomic" and row[k_]]
                 best = max(det) if det else None
                 ratio = f" best/fa4-det {best / row['fa4-det']:.2f}" if best and row.get("fa4-det") else ""

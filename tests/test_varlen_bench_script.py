@@ -43,3 +43,21 @@ def test_rounds_interleave_and_a_failing_column_drops_out(bench, monkeypatch):
     times = hopper_bwd.time_rounds({"a": ok("a", 1.0), "broken": broken, "b": ok("b", 2.0)}, 3)
     assert times == {"a": [1.0, 1.0, 1.0], "broken": None, "b": [2.0, 2.0, 2.0]}
     assert calls == ["a", "broken", "b", "a", "b", "a", "b"]
+
+
+def test_rounds_record_the_lowest_clock_of_each_when_asked(bench, monkeypatch):
+    """gpu_hopper_bwd.time_rounds asks the clock monitor for the window of every round it timed."""
+    hopper_bwd = sys.modules["gpu_hopper_bwd"]
+    monkeypatch.setattr(hopper_bwd, "bench_ms", lambda fn: fn())
+
+    class Clocks:
+        windows = []
+
+        def window(self, t0, t1):
+            self.windows.append((t0, t1))
+            return {"sm_mhz_min": 1300 + 10 * len(self.windows)}
+    lowest = {}
+    times = hopper_bwd.time_rounds({"a": lambda: 1.0, "b": lambda: 2.0}, 2, Clocks(), lowest)
+    assert times == {"a": [1.0, 1.0], "b": [2.0, 2.0]}
+    assert lowest == {"a": [1310, 1330], "b": [1320, 1340]}
+    assert all(t0 <= t1 for t0, t1 in Clocks.windows)
