@@ -68,9 +68,10 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # costs by turning it off (the bits are then no longer ordered); always on in the product.
     WAIT_FOR_RANK = True      # acquire: wait until the tile's counter equals this add's rank
     WAIT_FOR_LANDING = True   # release only once the add has landed in global memory
-    # Read the next tile's counter while this add lands; None: read_turn_ahead()'s rule.
-    READ_TURN_AHEAD = None
     RELEASE_COUNTER = True    # off: no counter increment either (only with WAIT_FOR_RANK off: nobody reads it)
+    # Read the next tile's counter while this add lands (True/False), or None: read_turn_ahead()'s
+    # rule, the product's. Same bits either way.
+    READ_TURN_AHEAD = None
     # For scripts/gpu_dq_wait_probe.py: the dQ writer also sums the SM clock cycles it spends in
     # each wait into extra columns of the dQ counters (WAIT_COLUMNS); off in the product.
     RECORD_WAITS = False
