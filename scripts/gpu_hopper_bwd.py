@@ -159,6 +159,8 @@ def time_rounds(impls: dict, repeat: int, clocks=None, lowest: dict | None = Non
                     lowest.setdefault(name, []).append(window and window["sm_mhz_min"])
             except Exception as exc:  # noqa: BLE001
                 times[name] = None
+                if lowest is not None:
+                    lowest.pop(name, None)
                 print(f"  {name}: ERROR {type(exc).__name__}: {str(exc)[:300]}", flush=True)
     return times
 
@@ -187,7 +189,7 @@ def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True)
     with ClockMonitor(torch.device("cuda")) as clocks:
         _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split,
                     clocks if clocks.reason is None else None)
-    results["clock_monitor"] = clocks.reason or "nvidia-smi, every 50 ms"
+    results["clock_monitor"] = clocks.describe()
 
 
 def _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split, clocks):

@@ -40,10 +40,24 @@ def test_the_monitor_samples_a_command_until_closed():
         deadline = time.monotonic() + 20
         while len(monitor.samples) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
-    assert monitor.reason is None
+    assert monitor.reason is None and monitor._proc.poll() is not None   # stopped when closed
     assert [(mhz, bits) for _, mhz, bits in monitor.samples] == [(1980, 0), (1335, 4), (1620, 4)]
     w = monitor.window(t0, time.monotonic())
     assert w["sm_mhz_min"] == 1335 and w["samples"] == 3 and w["power_capped"] is True
+    assert monitor.describe() == {"interval_ms": 50, "samples": 3, "reason": None}
+
+
+def test_a_sampler_that_stops_early_or_gives_nothing_is_reported():
+    quits = "import time\nprint('1650, 0x4', flush=True)\nraise SystemExit(3)\n"
+    with clocks.ClockMonitor(torch.device("cuda"), command=[sys.executable, "-c", quits]) as monitor:
+        deadline = time.monotonic() + 20
+        while monitor._proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert monitor.reason.endswith("exited (status 3) after 1 samples")
+    silent = "import time\ntime.sleep(30)\n"
+    with clocks.ClockMonitor(torch.device("cuda"), command=[sys.executable, "-c", silent]) as monitor:
+        pass
+    assert monitor.reason.endswith("gave no clock samples") and monitor._proc.poll() is not None
 
 
 def test_the_monitor_says_why_it_records_nothing():
@@ -53,6 +67,13 @@ def test_the_monitor_says_why_it_records_nothing():
     with clocks.ClockMonitor(torch.device("cuda"), command=["/nonexistent/nvidia-smi"]) as monitor:
         pass
     assert monitor.reason.startswith("could not start /nonexistent/nvidia-smi")
+
+
+def test_without_nvidia_smi_on_the_path_the_monitor_says_so(monkeypatch):
+    monkeypatch.setattr(clocks.shutil, "which", lambda name: None)
+    with clocks.ClockMonitor(torch.device("cuda")) as monitor:
+        pass
+    assert monitor.reason == "nvidia-smi not found" and monitor.samples == []
 
 
 class _RecordingClocks:
@@ -95,11 +116,19 @@ def test_the_report_names_the_timings_made_in_a_clock_dip():
     assert dips == [(dipped["point"], "dash-shift", "bwd", 1335)]
     text = report.render_markdown(results)
     assert "## SM clock during the timings" in text and "- dash-shift at" in text and "down to 1335 MHz" in text
+    assert "below 90 % of its point's median" in text
+    # windows without samples are left out; without the dip nothing is named
+    dipped["sm_clock"] = dict(dipped["sm_clock"], bwd=steady, fwd_first=None)
+    medians, dips = report.clock_dips(results)
+    assert dips == [] and medians[dipped["point"]] == 1635
+    assert "No timing saw the clock below 90 % of its point's median." in report.render_markdown(results)
 
 
 def test_the_report_says_when_the_clock_was_not_recorded_on_a_gpu():
     results = _synthetic_results()
-    results["clock_monitor"] = "nvidia-smi not found"
+    results["clock_monitor"] = {"interval_ms": 50, "samples": 0, "reason": "nvidia-smi not found"}
     assert "SM clock not recorded: nvidia-smi not found." in report.render_markdown(results)
-    results["clock_monitor"] = "not a CUDA device"
+    results["clock_monitor"] = {"interval_ms": 50, "samples": 12, "reason": None}   # sampled, no cell timed
+    assert "SM clock not recorded: no timing had a clock sample." in report.render_markdown(results)
+    results["clock_monitor"] = {"interval_ms": 50, "samples": 0, "reason": "not a CUDA device"}
     assert "SM clock" not in report.render_markdown(results)

@@ -51,13 +51,22 @@ def test_rounds_record_the_lowest_clock_of_each_when_asked(bench, monkeypatch):
     monkeypatch.setattr(hopper_bwd, "bench_ms", lambda fn: fn())
 
     class Clocks:
-        windows = []
+        def __init__(self):
+            self.windows = []
 
         def window(self, t0, t1):
             self.windows.append((t0, t1))
-            return {"sm_mhz_min": 1300 + 10 * len(self.windows)}
-    lowest = {}
-    times = hopper_bwd.time_rounds({"a": lambda: 1.0, "b": lambda: 2.0}, 2, Clocks(), lowest)
-    assert times == {"a": [1.0, 1.0], "b": [2.0, 2.0]}
-    assert lowest == {"a": [1310, 1330], "b": [1320, 1340]}
-    assert all(t0 <= t1 for t0, t1 in Clocks.windows)
+            return None if len(self.windows) == 4 else {"sm_mhz_min": 1300 + 10 * len(self.windows)}
+
+    def fails_later():
+        fails_later.calls = getattr(fails_later, "calls", 0) + 1
+        if fails_later.calls > 1:
+            raise RuntimeError("no kernel")
+        return 3.0
+    lowest, monitor = {}, Clocks()
+    times = hopper_bwd.time_rounds({"a": lambda: 1.0, "b": lambda: 2.0, "c": fails_later}, 2, monitor, lowest)
+    assert times == {"a": [1.0, 1.0], "b": [2.0, 2.0], "c": None}
+    # one window per timed round, in order; a round with no sample records None; a column
+    # that failed keeps no clocks
+    assert len(monitor.windows) == 5
+    assert lowest == {"a": [1310, None], "b": [1320, 1350]}

@@ -12,6 +12,7 @@ Without `nvidia-smi` (or on the CPU) the monitor records nothing and says why.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
@@ -53,16 +54,16 @@ def _gpu_selector(device) -> Optional[str]:
     """nvidia-smi's -i argument for a torch CUDA device: its PCI address, which does not depend on
     CUDA_VISIBLE_DEVICES; None where torch does not report it."""
     import torch
-    props = torch.cuda.get_device_properties(device)
     try:
+        props = torch.cuda.get_device_properties(device)
         return f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
-    except AttributeError:
+    except (AttributeError, RuntimeError):
         return None
 
 
 class ClockMonitor:
     """Samples the SM clock of `device` every `interval_ms` while open (a context manager).
-    `reason` is None while it records, else why it does not."""
+    `reason` is None while it records, else why it does not (or stopped early)."""
 
     def __init__(self, device, interval_ms: int = 50, command: Optional[list] = None):
         self.samples: list[tuple[float, int, int]] = []
@@ -74,7 +75,7 @@ class ClockMonitor:
         self._thread = None
 
     def __enter__(self) -> "ClockMonitor":
-        command = self._command or self._default_command()
+        command = self._command = self._command or self._default_command()
         if command is None:
             return self
         try:
@@ -109,15 +110,28 @@ class ClockMonitor:
 
     def __exit__(self, *exc):
         if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
+            status = self._proc.poll()
+            if status is not None:   # it stopped by itself: timings after that have no clock
+                self.reason = f"{self._name()} exited (status {status}) after {len(self.samples)} samples"
+            else:
+                self._proc.terminate()
+                try:
+                    self._proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
             self._thread.join(timeout=5)
+            self._proc.stdout.close()
             if not self.samples and self.reason is None:
-                self.reason = "nvidia-smi gave no clock samples"
+                self.reason = f"{self._name()} gave no clock samples"
         return False
+
+    def _name(self) -> str:
+        return os.path.basename(self._command[0] if self._command else "nvidia-smi")
+
+    def describe(self) -> dict:
+        """For a results file: how the clock was sampled, how often it was, and why not if not."""
+        return {"interval_ms": self._interval_ms, "samples": len(self.samples), "reason": self.reason}
 
     def window(self, t0: float, t1: float) -> Optional[dict]:
         """The clock between two `time.monotonic()` instants (see `summarize`); None if nothing

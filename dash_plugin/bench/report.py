@@ -463,7 +463,10 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def clock_dips(results: dict, below: float = 0.9) -> tuple[dict, list[tuple]]:
+CLOCK_DIP = 0.9   # a timing whose lowest clock fell below this fraction of its point's median
+
+
+def clock_dips(results: dict, below: float = CLOCK_DIP) -> tuple[dict, list[tuple]]:
     """({point: median SM clock over its timings}, [(point, impl, phase, lowest MHz)] for the
     timings during which the clock fell below `below` times its point's median). Points are
     compared within themselves: at its power cap an H100 holds ~1,650 MHz through long kernels
@@ -481,20 +484,26 @@ def clock_dips(results: dict, below: float = 0.9) -> tuple[dict, list[tuple]]:
 
 
 def _clock_section(results: dict) -> list[str]:
+    monitor = results.get("clock_monitor") or {}
     medians, dips = clock_dips(results)
     if not medians:
-        reason = results.get("clock_monitor")
-        return ["", f"SM clock not recorded: {reason}."] if reason and reason != "not a CUDA device" else []
+        reason = monitor.get("reason")
+        if not monitor or reason == "not a CUDA device":
+            return []
+        return ["", f"SM clock not recorded: {reason or 'no timing had a clock sample'}."]
+    below = f"{CLOCK_DIP:.0%}".replace("%", " %")
     out = ["", "## SM clock during the timings", "",
-           "Median SM clock of each point's timings (nvidia-smi, every 50 ms): "
+           f"Median SM clock of each point's timings (nvidia-smi, every {monitor.get('interval_ms', '?')} ms): "
            + ", ".join(f"{p} {mhz:.0f} MHz" for p, mhz in medians.items()) + ". A board at its power cap "
            "dips for a few hundred milliseconds as the power ramps up, and a timing in a dip reads slow "
            "against the other columns of its point."]
+    if monitor.get("reason"):
+        out.append(f"Sampling stopped early: {monitor['reason']}.")
     if dips:
-        out += ["Timed while the clock fell below 90 % of its point's median:", ""]
+        out += [f"Timed while the clock fell below {below} of its point's median:", ""]
         out += [f"- {impl} at {point}, {phase}: down to {mhz} MHz" for point, impl, phase, mhz in dips]
     else:
-        out.append("No timing saw the clock below 90 % of its point's median.")
+        out.append(f"No timing saw the clock below {below} of its point's median.")
     return out
 
 

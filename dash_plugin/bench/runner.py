@@ -500,7 +500,7 @@ def run_benchmark(points: list[Point], impls: list[Impl], device: torch.device, 
             results["elapsed_s"] = round(time.perf_counter() - started, 1)
             if on_point_done is not None:
                 on_point_done(results)
-    results["clock_monitor"] = clocks.reason or "nvidia-smi, every 50 ms"
+    results["clock_monitor"] = clocks.describe()
     results["complete"] = stop_reason is None
     results["stop_reason"] = stop_reason
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
