@@ -10,12 +10,19 @@ it times, on the same inputs in one process:
   no-landing    with the acquire wait, but the release as soon as shared memory is read;
   neither       both off.
 
-Variants other than `ordered` and `atomic` give unordered bits and exist only to be timed
-(OrderedBackwardSm90.WAIT_FOR_RANK / WAIT_FOR_LANDING / READ_TURN_AHEAD). If `no-rank-wait` is near `atomic`, the
+The variants that turn a wait off give unordered bits and exist only to be timed
+(OrderedBackwardSm90.WAIT_FOR_RANK / WAIT_FOR_LANDING); the read-ahead ones give the product's
+bits (READ_TURN_AHEAD). If `no-rank-wait` is near `atomic`, the
 time goes to waiting for one's turn (the schedule's business); if `no-landing` is, to the round
 trip of each add to global memory before the next contributor may start (the protocol's).
 
     python scripts/gpu_dq_chain_probe.py OUT_DIR [HDIM:causal|full:SEQLEN:SCHED[/SCHED] ...] [--variants=a,b]
+        [--rounds N]
+
+Every variant's kernels are compiled first (their switches are part of the compile key), then
+`--rounds` rounds time every (variant, point) once each, interleaved, and the median is kept,
+with each round's lowest SM clock where nvidia-smi can sample it (a slow spell of the GPU then
+hits every variant alike; docs/benchmarks/clocks-2026-11-25-h100/).
 
 Points given after OUT_DIR replace the built-in POINTS; `--variants=a,b,...` times only those
 (`no-release`: neither wait and no counter increment either, so what is left of the ordered
@@ -41,11 +48,13 @@ import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from dash_plugin import dispatch  # noqa: E402
+from dash_plugin.bench.clocks import ClockMonitor  # noqa: E402
 from dash_plugin.bench.protocol import bwd_flops, random_inputs  # noqa: E402
 from dash_plugin.kernels.hopper import bwd_sm90, fwd_sm90  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gpu_dq_wait_probe import parse_point  # noqa: E402
+from gpu_hopper_bwd import median_ms, time_rounds  # noqa: E402
 
 # (head dim, causal, seqlen, schedule): the Hopper table's choice at each point
 POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (128, False, 1024, "shift"),
@@ -84,45 +93,65 @@ def _set_switches(kernel, switches):
         setattr(kernel, name, value)
 
 
-def main(out_dir, points=None, variants=None):
+def main(out_dir, points=None, variants=None, rounds=1):
     points = points or POINTS
     variants = {name: VARIANTS[name] for name in (variants or VARIANTS)}
+    kernel = bwd_sm90.OrderedBackwardSm90
+    assert set(_PRODUCT) <= set(kernel.SWITCHES), "every switch a variant sets must be in the compile key"
     os.makedirs(out_dir, exist_ok=True)
     inputs = {}
     for hd, causal, s, _ in points:
         q, k, v, do = random_inputs(hd, s, 4)
         out, lse = fwd_sm90.attention_forward(q, k, v, softmax_scale=hd ** -0.5, causal=causal)
         inputs[(hd, causal, s)] = (q, k, v, do, out, lse)
-    results = {f"hdim{hd} {'causal' if c else 'full'} {s} {sched}": {} for hd, c, s, sched in points}
-    # Variant outermost: the switches are class attributes read at compile time, so each variant
-    # compiles its configurations once.
-    kernel = bwd_sm90.OrderedBackwardSm90
+    calls, flops = {}, {}
     for variant, switches in variants.items():
-        _set_switches(kernel, switches)
-        bwd_sm90._compiled.clear()
         for hd, causal, s, sched in points:
             q, k, v, do, out, lse = inputs[(hd, causal, s)]
+            name = f"hdim{hd} {'causal' if causal else 'full'} {s} {sched}"
+            flops[name] = bwd_flops(q.shape[0], q.shape[2], s, hd, causal)
             schedule = "atomic" if variant == "atomic" else sched
             if variant == "fa4-det":
                 if sched != ("spt" if causal else "ascending"):
                     continue   # FA4's deterministic mode runs one order per mask
-                call = functools.partial(_fa4_deterministic, q, k, v, out, do, lse, causal)
+                calls[(variant, name)] = functools.partial(_fa4_deterministic, q, k, v, out, do, lse, causal)
             else:
-                call = lambda: dispatch.attention_backward(  # noqa: E731
-                    do, q, k, v, out, lse, softmax_scale=hd ** -0.5, causal=causal, schedule=schedule,
-                    backend="hopper", deterministic=schedule != "atomic")
-            call()
-            ms = triton.testing.do_bench(call, warmup=25, rep=100)
-            flops = bwd_flops(q.shape[0], q.shape[2], s, hd, causal)
-            name = f"hdim{hd} {'causal' if causal else 'full'} {s} {sched}"
-            results[name][variant] = round(flops / ms / 1e9, 1)
-            print(f"{variant:12s} {name}: {results[name][variant]}", flush=True)
+                calls[(variant, name)] = functools.partial(
+                    _with_switches, kernel, switches, dispatch.attention_backward, do, q, k, v, out, lse,
+                    softmax_scale=hd ** -0.5, causal=causal, schedule=schedule, backend="hopper",
+                    deterministic=schedule != "atomic")
+    # The switches are class attributes read at compile time and part of the compile key, so
+    # every variant's kernels live side by side: one untimed call each compiles them, then the
+    # rounds interleave the variants (a slow spell of the GPU, such as the power cap's clock dips,
+    # then hits them alike; docs/benchmarks/clocks-2026-11-25-h100/).
+    for call in calls.values():
+        call()
+    with ClockMonitor(torch.device("cuda")) as monitor:
+        lowest = {}
+        times = time_rounds(calls, rounds, monitor if monitor.reason is None else None, lowest)
     _set_switches(kernel, {})
+    results = {name: {} for name in flops}
+    for (variant, name), ts in times.items():
+        if not ts:
+            continue
+        results[name][variant] = round(flops[name] / median_ms(ts) / 1e9, 1)
+        if rounds > 1:
+            results[name][variant + " rounds"] = [round(flops[name] / t / 1e9, 1) for t in ts]
+        if (variant, name) in lowest:
+            results[name][variant + " lowest MHz"] = lowest[(variant, name)]
     for name, row in results.items():   # against atomic where it was timed
         print(name, " ".join(f"{k}={v}" + (f" ({v / row['atomic']:.2f}x atomic)" if "atomic" in row else "")
-                             for k, v in row.items()))
+                             for k, v in row.items() if k in variants))
     with open(os.path.join(out_dir, "dq_chain.json"), "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f, indent=1)
+        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rounds=rounds,
+                       clock_monitor=monitor.describe(), results=results), f, indent=1)
+
+
+def _with_switches(kernel, switches, fn, *args, **kwargs):
+    """fn(*args, **kwargs) with the kernel's switches set for a variant (read when its kernels
+    compile and when the call picks its compiled kernel by key)."""
+    _set_switches(kernel, switches)
+    return fn(*args, **kwargs)
 
 
 if __name__ == "__main__":
@@ -131,6 +160,7 @@ if __name__ == "__main__":
     ap.add_argument("points", nargs="*", help="HDIM:causal|full:SEQLEN:SCHED[/SCHED] (the wait probe's syntax; "
                     "each schedule of a point is a point here)")
     ap.add_argument("--variants", type=_variant_list, help=f"comma list from {', '.join(VARIANTS)}")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds, the median kept (default 1)")
     args = ap.parse_args()
     points = [(hd, c, s, x) for hd, c, s, scheds in map(parse_point, args.points) for x in scheds]
-    main(args.out_dir, points or None, args.variants)
+    main(args.out_dir, points or None, args.variants, args.rounds)

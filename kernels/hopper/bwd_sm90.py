@@ -89,6 +89,10 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # Units (half groups, eight scores) of a step's dropout mask drawn while its products run
     # (dropout_sm90.MaskWords); None: ahead_units' rule.
     AHEAD_UNITS = None
+    # The class-level switches above, read at compile time: their values are part of the compile
+    # key, so kernels compiled under different settings live side by side (probes interleave them).
+    SWITCHES = ("WAIT_FOR_RANK", "WAIT_FOR_LANDING", "RELEASE_COUNTER", "READ_TURN_AHEAD", "RECORD_WAITS",
+                "CARRY_SHIFT_VISITS", "PAIR_ROWS_COMPUTED", "PAIR_RANKS_COMPUTED", "AHEAD_UNITS")
 
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
                  dropout: bool = False, **kwargs):
@@ -824,7 +828,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout,
-           sem_cols, varlen, tables.top_group_first, tables.paired, computed)
+           sem_cols, varlen, tables.top_group_first, tables.paired, computed,
+           tuple(getattr(OrderedBackwardSm90, name) for name in OrderedBackwardSm90.SWITCHES))
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
         kernel = OrderedBackwardSm90(
