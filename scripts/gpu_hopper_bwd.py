@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from dash_plugin import dispatch  # noqa: E402
+from dash_plugin.bench.clocks import ClockMonitor  # noqa: E402
 from dash_plugin.schedules import registry  # noqa: E402
 from dash_plugin.kernels import attn_fwd  # noqa: E402
 from tests.math_attention import math_attention  # noqa: E402
@@ -185,7 +186,6 @@ def gpu_environment() -> dict:
 
 
 def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True):
-    from dash_plugin.bench.clocks import ClockMonitor
     with ClockMonitor(torch.device("cuda")) as clocks:
         _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split,
                     clocks if clocks.reason is None else None)

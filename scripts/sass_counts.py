@@ -77,8 +77,9 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
             t, assumed_align=alignment, leading_dim=leading_dim))
     bwd_sm90.cute.compile = _without_launch(bwd_sm90.cute.compile)
     for name, value in switches:   # imported only now: the CuTe DSL reads its dump settings at import
-        if not hasattr(bwd_sm90.OrderedBackwardSm90, name):
-            raise SystemExit(f"--set {name}: OrderedBackwardSm90 has no such switch")
+        if name not in bwd_sm90.OrderedBackwardSm90.SWITCHES:
+            raise SystemExit(f"--set {name}: not one of OrderedBackwardSm90.SWITCHES "
+                             f"({', '.join(bwd_sm90.OrderedBackwardSm90.SWITCHES)})")
         setattr(bwd_sm90.OrderedBackwardSm90, name, value)
     # Orders the kernel reads from tables (the causal symmetric shift): fake tables of their shape.
     bwd_sm90._tables_on_device = lambda tables, batch, heads, device: tuple(
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
                     help="tokens per sequence (default 512; the bwd plan, e.g. arrival's groups, follows it)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", type=_switch,
                     help="bwd: set an OrderedBackwardSm90 switch (a Python literal, else a string), e.g. "
-                         "READ_TURN=with-partial; repeatable")
+                         "READ_TURN_AHEAD=False; repeatable")
     args = ap.parse_args(argv)
     if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
         print("set CUTE_DSL_ARCH=sm_90a (no GPU here to ask)", file=sys.stderr)

@@ -765,6 +765,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     if varlen:
         if tables.visit is None:
             raise ValueError("a packed batch needs an order the kernel computes (visit_tables.batch_tables)")
+        if tables.paired:
+            raise ValueError("the paired launch (causal symmetric shift) runs dense batches only")
         total_q, heads, head_dim = q.shape
         total_k, heads_kv = k.shape[0], k.shape[1]
         batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
@@ -812,8 +814,8 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
         sem_dk = torch.zeros(batch, heads_kv, sk_r // tn, 2, dtype=torch.int32, device=dev)
         sem_dv = torch.zeros_like(sem_dk)
     # The plan's lists go to the device where a warp reads them instead of computing the order.
-    computed = (_rows_computed(tables.visit), _writer_computes(tables.visit))
-    index_lists = not computed[1] or (tables.visit in _COMPUTED and not computed[0])
+    visit = tables.visit
+    index_lists = not _writer_computes(visit) or (visit in _COMPUTED and not _rows_computed(visit))
     count, q_tile, rank = _tables_on_device(tables, batch, heads, dev) if index_lists else (None,) * 3
 
     fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, cu_seqlens_q, None, None, dtype,
@@ -828,7 +830,7 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     # Window sizes are run-time arguments; only which sides are limited is compiled in.
     key = (dtype, head_dim, group, causal, local, window_size_left is None, window_size_right is None,
            float(softcap), deterministic, tables.kv_descending, tables.visit, tables.group_size, ones, dropout,
-           sem_cols, varlen, tables.top_group_first, tables.paired, computed,
+           varlen, tables.top_group_first, tables.paired,
            tuple(getattr(OrderedBackwardSm90, name) for name in OrderedBackwardSm90.SWITCHES))
     if key not in _compiled:
         score_mod, score_mod_bwd = softcap_mods(softcap)
@@ -849,8 +851,6 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
             mask_block_cnt=count, mask_block_idx=q_tile, dq_write_order=rank,
             block_size=(tm, tn))) if index_lists else None
         cu = [None if t is None else to_cute_tensor(t, assumed_align=4) for t in (cu_seqlens_q, cu_seqlens_k)]
-        if tables.paired and varlen:
-            raise ValueError("the paired launch (causal symmetric shift) runs dense batches only")
         pair_threads = cfg.num_wg * 128 + 32 if tables.paired else 0   # consumers + the producer warp
         with _launch_head_by_head(head_by_head, tables.group_size if tables.top_group_first else 0, pair_threads):
             _compiled[key] = cute.compile(

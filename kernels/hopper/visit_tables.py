@@ -187,11 +187,19 @@ def closed_form_visits(visit: str, geo, kv: int, *, kv_descending: bool = False,
         out = []
         for t in range(length):
             i = (lane + t) % length
-            out.append((lo + i, j0 + (min(i, members - 1) - lane) % members))
+            out.append((lo + i, j0 + _member_place(i, lane, members)))
         return out
     if visit == "pairs":
         return _pair_visits(geo, kv, group_size)
     raise ValueError(f"visit={visit!r}; closed forms: {CLOSED_FORMS}")
+
+
+def _member_place(i: int, lane: int, members: int) -> int:
+    """Place among its group's adds of cyclic group member `lane` at the group's i-th row: it
+    reaches row offset i at step (i - lane) mod L, so the rank rule puts it at
+    (min(i, members - 1) - lane) mod members (bwd_sm90's `_shift_visit` and `_pair_visit`
+    compute it without division)."""
+    return (min(i, members - 1) - lane) % members
 
 
 def _pair_adds_before(q: int, s: int, n: int, p0: int) -> int:
@@ -216,7 +224,7 @@ def _pair_visits(geo, kv: int, g: int) -> list[tuple[int, int]]:
     for t in range(m - p * s):
         if t < rlen:
             i = (l + t) % rlen
-            out.append((r0 + i, _pair_adds_before(r0 + i, s, n, p0) + (min(i, members - 1) - l) % members))
+            out.append((r0 + i, _pair_adds_before(r0 + i, s, n, p0) + _member_place(i, l, members)))
         else:
             q = p * s + t - rlen
             out.append((q, _pair_adds_before(q, s, n, p0) + q // s - p0 - l))
