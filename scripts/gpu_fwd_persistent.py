@@ -1,13 +1,16 @@
 """The Hopper forward on its persistent grid (kernels/hopper/fwd_persistent.py) against FA4's
-one-tile-per-CTA grid, and what `auto` picks.
+one-tile-per-CTA grid, with and without tail-aligned Q tiles (fwd_tail_aligned.py), and what
+`auto` picks.
 
 Per point, on the same inputs in one process: the output and LSE of the persistent grid compared
-bit for bit with FA4's grid (with dropout too at the first point), then forward TFLOP/s of both
-grids and of SDPA's cuDNN backend, every column once per round over interleaved rounds, the median
-kept. 16k tokens per point, model dim 2048, bf16.
+bit for bit with FA4's grid (with dropout too at the first point), and of tail-aligned tiles with
+FA4's tiling where the point moves them; then forward TFLOP/s of the chosen columns (the grids
+as named, `auto` as the product runs, `auto-fa4-tiling` the same without tail alignment, SDPA's
+cuDNN backend), every column once per round over interleaved rounds, the median kept. 16k
+tokens per point, model dim 2048, bf16.
 
     python3 scripts/gpu_fwd_persistent.py OUT_DIR [--points 128:causal:1024,64:full:2048,...]
-        [--gqa 1] [--repeat 5] [--dropout P]
+        [--gqa 1] [--repeat 5] [--dropout P] [--columns one-tile,persistent,cudnn]
 """
 import argparse
 import dataclasses
@@ -25,13 +28,25 @@ from dash_plugin.kernels.hopper import fwd_sm90  # noqa: E402
 POINTS = ",".join(f"{d}:{m}:{s}" for d in (128, 64) for m in ("causal", "full") for s in (1024, 2048, 4096, 16384))
 
 
-def forward(q, k, v, grid, causal, **kw):
+COLUMNS = ("one-tile", "persistent", "auto", "auto-fa4-tiling", "cudnn")
+
+
+def forward(q, k, v, grid, causal, tail_align=True, **kw):
     """`grid`: one of fwd_sm90.GRIDS."""
-    fwd_sm90.GRID = grid
+    fwd_sm90.GRID, fwd_sm90.TAIL_ALIGN = grid, tail_align
     try:
         return fwd_sm90.attention_forward(q, k, v, softmax_scale=q.shape[-1] ** -0.5, causal=causal, **kw)
     finally:
-        fwd_sm90.GRID = "auto"
+        fwd_sm90.GRID, fwd_sm90.TAIL_ALIGN = "auto", True
+
+
+def column(name, q, k, v, causal, drop):
+    """A callable timing column `name` (COLUMNS)."""
+    if name == "cudnn":
+        return lambda: cudnn(q, k, v, causal)
+    if name == "auto-fa4-tiling":
+        return lambda: forward(q, k, v, "auto", causal, tail_align=False, **drop)
+    return lambda: forward(q, k, v, name, causal, **drop)
 
 
 def cudnn(q, k, v, causal):
@@ -53,8 +68,13 @@ def main():
     ap.add_argument("--gqa", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--dropout", type=float, default=0.0, help="time the forward with this dropout (cuDNN: without)")
+    ap.add_argument("--columns", default="one-tile,persistent,cudnn", help=f"timed, of {','.join(COLUMNS)}")
     ap.add_argument("--tile", help="M,N: every forward with these tiles instead of FA4's (an experiment; other bits)")
     args = ap.parse_args()
+    columns = args.columns.split(",")
+    unknown = sorted(set(columns) - set(COLUMNS))
+    if unknown:
+        ap.error(f"--columns {','.join(unknown)}: expected some of {','.join(COLUMNS)}")
     if args.tile:
         _force_tiles(*(int(x) for x in args.tile.split(",")))
     results = {"env": gpu_environment(), "dropout": args.dropout, "tile": args.tile, "rows": []}
@@ -69,23 +89,26 @@ def main():
         q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(b, s, hq // args.gqa, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         row = {"hdim": d, "mask": mask, "seqlen": s, "gqa": args.gqa,
-               "auto takes": "persistent" if fwd_sm90.persistent_ctas(q, k, v, causal=causal, dropout_p=args.dropout)
+               "auto takes": "persistent" if fwd_sm90.plan_of(q, k, v, causal=causal, dropout_p=args.dropout).ctas
                else "one-tile",
+               "q_shift": fwd_sm90.plan_of(q, k, v, causal=causal, dropout_p=args.dropout).q_shift,
                "same_bits": same_bits(forward(q, k, v, "one-tile", causal, **drop),
                                       forward(q, k, v, "persistent", causal, **drop))}
+        if row["q_shift"]:
+            row["same_bits, FA4's tiling"] = same_bits(forward(q, k, v, "auto", causal, **drop),
+                                                       forward(q, k, v, "auto", causal, tail_align=False, **drop))
         if n == 0:   # the other side of dropout too: the same mask and bits on both grids
             other = {} if drop else dict(dropout_p=0.1, seed=7)
             row["same_bits, dropout " + ("off" if drop else "on")] = same_bits(
                 forward(q, k, v, "one-tile", causal, **other), forward(q, k, v, "persistent", causal, **other))
         flops = 4 * b * hq * s * s * d / (2 if causal else 1)
-        impls = {grid: (lambda grid=grid: forward(q, k, v, grid, causal, **drop)) for grid in ("one-tile", "persistent")}
-        impls["cudnn"] = lambda: cudnn(q, k, v, causal)
+        impls = {name: column(name, q, k, v, causal, drop) for name in columns}
         times = time_rounds(impls, args.repeat)
         for name, ts in times.items():
             row[name] = None if not ts else round(flops / median_ms(ts) / 1e9, 1)
             row[f"{name} rounds"] = [round(flops / t / 1e9, 1) for t in ts or []]
         bits = ", ".join(f"{k} {v}" for k, v in row.items() if k.startswith("same_bits"))
-        print(f"d{d} {mask} S{s} gqa{args.gqa} (auto: {row['auto takes']}): {bits}; "
+        print(f"d{d} {mask} S{s} gqa{args.gqa} (auto: {row['auto takes']}, q_shift {row['q_shift']}): {bits}; "
               + " ".join(f"{name} {row[name]}" for name in impls) + " TFLOP/s", flush=True)
         results["rows"].append(row)
         with open(os.path.join(args.out, "fwd_persistent.json"), "w") as f:

@@ -47,7 +47,8 @@ def _without_launch(compile_fn):
 
 
 def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int,
-             schedule: str = "descending", seqlen: int = 512, grid: str = "one-tile", switches=()) -> None:
+             schedule: str = "descending", seqlen: int = 512, grid: str = "one-tile", switches=(),
+             tail_align: bool = True) -> None:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -59,6 +60,7 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
         from dash_plugin.kernels.hopper import fwd_sm90
         fwd_sm90._compile = _without_launch(fwd_sm90._compile)
         fwd_sm90.GRID = grid
+        fwd_sm90.TAIL_ALIGN = tail_align
         with FakeTensorMode():
             q, k = inputs()
             fwd_sm90.attention_forward(q, k, k, softmax_scale=head_dim ** -0.5, causal=causal,
@@ -123,6 +125,8 @@ def main(argv=None) -> int:
                     help="fwd: FA4's grid (default) or the persistent one (kernels/hopper/fwd_persistent.py)")
     ap.add_argument("--seqlen", type=int, default=512,
                     help="tokens per sequence (default 512; the bwd plan, e.g. arrival's groups, follows it)")
+    ap.add_argument("--no-tail-align", action="store_true",
+                    help="fwd: FA4's Q tiling even where tail-aligned tiles cut KV steps (fwd_sm90.TAIL_ALIGN)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", type=_switch,
                     help="bwd: set an OrderedBackwardSm90 switch (a Python literal, else a string), e.g. "
                          "READ_TURN_AHEAD=False; repeatable")
@@ -133,7 +137,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as dump:
         os.environ.update(CUTE_DSL_KEEP="sass", CUTE_DSL_DUMP_DIR=dump)
         _compile(args.kernel, args.head_dim, not args.full, args.dropout, args.heads_kv, args.schedule,
-                 args.seqlen, args.grid, args.set)
+                 args.seqlen, args.grid, args.set, not args.no_tail_align)
         files = glob.glob(os.path.join(dump, "*.sass"))
         if len(files) != 1:
             print(f"expected one SASS file, found {len(files)} in {dump}", file=sys.stderr)

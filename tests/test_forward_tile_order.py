@@ -1,10 +1,14 @@
 """The persistent Hopper forward's work table (kernels/hopper/fwd_tile_order.py), on the CPU:
 every tile dealt exactly once, the KV steps of a tile as the mask gives them, the CTAs' loads
-within a tile of the mean, and the rule that picks the grid."""
+within a tile of the mean, the rule that picks the grid, and where Q tiles are aligned to the
+end of the sequence."""
+from dataclasses import replace
+
 import pytest
 
 from dash_plugin.kernels.hopper.fwd_tile_order import (
-    PERSISTENT_MAX_MEAN_STEPS, TILE_OVERHEAD, ForwardTiles, deal, makespan, persistent_pays, work_table)
+    PERSISTENT_MAX_MEAN_STEPS, TILE_OVERHEAD, ForwardTiles, deal, makespan, persistent_pays, tail_shift, total_steps,
+    work_table)
 
 SHAPES = [
     ForwardTiles(8, 16, 2048, 2048, 128, 128, 128, causal=True),
@@ -17,6 +21,9 @@ SHAPES = [
     ForwardTiles(2, 4, 1000, 1000, 128, 128, 128, causal=False, window_left=256, window_right=0),
     ForwardTiles(2, 4, 1000, 1000, 64, 192, 128, causal=False, window_left=128, window_right=128),
     ForwardTiles(1, 1, 300, 300, 128, 128, 128, causal=True),                         # fewer tiles than CTAs
+    ForwardTiles(16, 32, 1024, 1024, 64, 192, 128, causal=True, q_shift=128),          # tail-aligned
+    ForwardTiles(2, 8, 700, 1300, 64, 192, 128, causal=True, q_shift=68),
+    ForwardTiles(2, 8, 1000, 1000, 64, 192, 128, causal=True, q_shift=152),
 ]
 
 
@@ -24,7 +31,8 @@ def brute_kv_steps(t: ForwardTiles, block: int) -> int:
     """KV tiles between the first and last key any row of the Q tile sees, from the mask itself."""
     shift = t.seqlen_k - t.seqlen_q
     seen = []
-    for r in range(block * t.tile_m, min((block + 1) * t.tile_m, t.seqlen_q * t.rows_per_query)):
+    for r in range(max(block * t.tile_m - t.q_shift, 0), min((block + 1) * t.tile_m - t.q_shift,
+                                                             t.seqlen_q * t.rows_per_query)):
         i = r // t.rows_per_query
         right = 0 if t.causal else t.window_right
         for j in range(t.seqlen_k):
@@ -79,7 +87,7 @@ def test_work_table_layout():
     starts, ids = table[:133], table[133:]
     assert starts[0] == 0 and all(starts[c + 1] - starts[c] == len(lists[c]) for c in range(132))
     assert list(ids[:-1]) == [t for tile_ids in lists for t in tile_ids] and ids[-1] == 0
-    assert work_table(SHAPES[-1], 132) == (0, 1, 2, 3, 2, 1, 0, 0)   # 3 CTAs for 3 tiles, longest first; padding
+    assert work_table(ForwardTiles(1, 1, 300, 300, 128, 128, 128, causal=True), 132) == (0, 1, 2, 3, 2, 1, 0, 0)   # 3 CTAs for 3 tiles, longest first; padding
 
 
 def test_l2_section_is_a_power_of_two_of_heads_that_fit():
@@ -98,3 +106,26 @@ def test_the_persistent_grid_is_taken_where_tiles_are_short():
     assert not persistent_pays(shape(8192, True)) and not persistent_pays(shape(4096, False))
     at_the_bar = shape(128 * PERSISTENT_MAX_MEAN_STEPS, False)
     assert persistent_pays(at_the_bar) and not persistent_pays(shape(128 * PERSISTENT_MAX_MEAN_STEPS + 128, False))
+
+
+def test_tail_aligned_tiles_end_on_the_last_query_where_that_cuts_steps():
+    """At 1k tokens in 192-row tiles the short tile moves from the bottom (8 KV steps) to the
+    top (1 step): 27 steps a head instead of 32. No shift where it saves nothing (full masks,
+    lengths that are a multiple of the tile, 1000 tokens in 128-row tiles), nor with GQA heads
+    packed into the rows, nor where dropout's 16-row groups would split."""
+    causal_1k = ForwardTiles(16, 32, 1024, 1024, 64, 192, 128, causal=True)
+    assert tail_shift(causal_1k) == 128 and tail_shift(causal_1k, multiple=16) == 128
+    shifted = replace(causal_1k, q_shift=128)
+    assert shifted.num_block == causal_1k.num_block == 6
+    assert [shifted.kv_steps(b) for b in range(6)] == [1, 2, 4, 5, 7, 8]
+    assert (total_steps(causal_1k), total_steps(shifted)) == (32, 27)
+    assert tail_shift(ForwardTiles(8, 32, 2048, 2048, 64, 192, 128, causal=True)) == 64      # 101 -> 96 steps
+    assert tail_shift(replace(causal_1k, causal=False)) == 0
+    assert tail_shift(ForwardTiles(8, 16, 2048, 2048, 128, 128, 128, causal=True)) == 0
+    assert tail_shift(ForwardTiles(2, 8, 1000, 1000, 128, 128, 128, causal=True)) == 0      # 36 steps either way
+    assert tail_shift(ForwardTiles(2, 2, 1024, 1024, 64, 192, 128, causal=True, rows_per_query=4)) == 0
+    thousand = ForwardTiles(2, 8, 1000, 1000, 64, 192, 128, causal=True)
+    assert tail_shift(thousand) == 152 and tail_shift(thousand, multiple=16) == 0
+    for tiles in SHAPES:   # never more steps
+        if not tiles.q_shift:
+            assert total_steps(replace(tiles, q_shift=tail_shift(tiles))) <= total_steps(tiles)

@@ -120,12 +120,14 @@ def test_persistent_forward_gives_the_one_tile_grids_bits(forward_grid, feature,
 
 
 @pytest.mark.parametrize("dropout_p", (0.0, 0.1))
-def test_persistent_forward_bitwise_equal_over_many_passes_under_another_process(forward_grid, dropout_p):
-    """1,000 forwards on the persistent grid, 8 tiles per CTA, while another process loads the GPU:
-    one set of bits, FA4's grid's."""
+@pytest.mark.parametrize("head_dim", (64, 128))
+def test_persistent_forward_bitwise_equal_over_many_passes_under_another_process(forward_grid, dropout_p, head_dim):
+    """1,000 forwards on the persistent grid, 6-8 tiles per CTA, while another process loads the
+    GPU: one set of bits, FA4's grid's (at hdim 64 with tail-aligned Q tiles, 64 rows above the
+    sequence)."""
     g = torch.Generator(device="cuda").manual_seed(13)
-    q, k, v = (torch.randn(4, 2048, 16, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
-    call = dict(softmax_scale=128 ** -0.5, causal=True, dropout_p=dropout_p, seed=5)
+    q, k, v = (torch.randn(4, 2048, 16, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    call = dict(softmax_scale=head_dim ** -0.5, causal=True, dropout_p=dropout_p, seed=5)
     reference = forward_grid("one-tile", q, k, v, **call)
     torch.cuda.synchronize()
     with gpu_load() as load, hang_guard(300):
@@ -142,11 +144,50 @@ def test_auto_takes_the_persistent_forward_where_tiles_are_short(forward_grid):
     for seqlen, persistent in ((1024, True), (16384, False)):
         q, k, v = (torch.randn(16384 // seqlen, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))
-        assert bool(fwd_sm90.persistent_ctas(q, k, v, causal=True)) == persistent
+        assert bool(fwd_sm90.plan_of(q, k, v, causal=True).ctas) == persistent
         first = forward_grid("auto", q, k, v, softmax_scale=128 ** -0.5, causal=True)
         again = forward_grid("auto", q, k, v, softmax_scale=128 ** -0.5, causal=True)
         other = forward_grid("one-tile" if persistent else "persistent", q, k, v, softmax_scale=128 ** -0.5, causal=True)
         assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(first, again, other))
+
+
+@pytest.mark.parametrize("feature", ("causal", "causal-window256", "causal-softcap20", "dropout0.1", "dropout0.7"))
+@pytest.mark.parametrize("gqa", (1, 4))
+@pytest.mark.parametrize("grid", ("one-tile", "persistent"))
+def test_tail_aligned_q_tiles_give_fa4_tilings_bits(monkeypatch, forward_grid, feature, gqa, grid):
+    """Q tiles aligned to the end of the sequence (fwd_tail_aligned.py) skip KV tiles masked whole
+    for every row they hold, and change no bit of O or LSE: 192-row tiles at hdim 64, 1k tokens
+    (128 rows above the sequence), fewer queries than keys and the reverse (rows that see no key),
+    a length whose shift is no multiple of 16 (moved without dropout only), on both grids. GQA with
+    dropout runs unpacked heads (moved); without, packed rows (not moved)."""
+    from dash_plugin.kernels.hopper import fwd_sm90
+    mask = dict(FEATURES.get(feature, {"causal": True}))
+    if feature.startswith("dropout"):
+        mask.update(dropout_p=float(feature[len("dropout"):]), seed=11)
+    moved = 0
+    for lengths in ((1024, 1024), (700, 1300), (1300, 700), (1000, 1000)):
+        g = torch.Generator(device="cuda").manual_seed(14)
+        q = torch.randn(2, lengths[0], 16, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(2, lengths[1], 16 // gqa, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+                for _ in range(2))
+        results = {}
+        for tail_align in (True, False):
+            monkeypatch.setattr(fwd_sm90, "TAIL_ALIGN", tail_align)
+            monkeypatch.setattr(fwd_sm90, "GRID", grid)
+            plan_args = {name: mask[name] for name in ("causal", "window_left", "dropout_p") if name in mask}
+            results[tail_align] = (fwd_sm90.plan_of(q, k, v, **plan_args).q_shift,
+                                   forward_grid(grid, q, k, v, softmax_scale=0.125, **mask))
+        (shift, tail), (no_shift, fa4_tiling) = results[True], results[False]
+        assert no_shift == 0
+        assert torch.equal(tail[0], fa4_tiling[0]) and torch.equal(tail[1], fa4_tiling[1]), (lengths, shift)
+        if lengths[0] <= lengths[1]:   # every row sees a key: a finite LSE everywhere (no row written twice)
+            assert torch.isfinite(tail[1]).all()
+        moved += shift > 0
+    # lengths moved (fwd_tile_order.tail_shift): all four causal; with a 256-key window 1k and
+    # 1300x700 (at 700x1300 and 1000 the window's left edge would cost a step); with dropout 1k only
+    # (shifts of 68, 44 and 152 rows would split its 16-row groups); none with GQA packed into rows
+    expected = {"causal": 4, "causal-softcap20": 4, "causal-window256": 2}.get(feature, 1)
+    assert moved == (expected if gqa == 1 or feature.startswith("dropout") else 0), moved
 
 
 def test_forward_with_broadcast_kv_compiles_apart_and_gives_fa4s_bits():

@@ -416,8 +416,9 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
             kw = mask_fn.keywords
             self._tile = (kw["batch_idx"], kw["head_idx"], kw["m_block"])
         batch, head, m_block = self._tile
+        q_shift = getattr(kwargs["seqlen"], "q_shift", 0)   # tail-aligned Q tiles (fwd_tail_aligned.py)
         coords_mn = tile_coords(self._thr_mma_qk, (self.tile_m, self.tile_n),
-                                (m_block * self.tile_m, n_block * self.tile_n))
+                                (m_block * self.tile_m - q_shift, n_block * self.tile_n))
         converted = converted and self.DROP_CONVERTED and self.mma_pv_is_rs and not self.rescale_O_before_gemm
 
         def apply(acc_S):

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 
@@ -30,7 +32,7 @@ from flash_attn.cute.cute_dsl_utils import maybe_contiguous, to_cute_aux_tensor,
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
 from ..varlen import seqlens_of
-from . import dropout_sm90, fwd_persistent, fwd_tile_order
+from . import dropout_sm90, fwd_persistent, fwd_tail_aligned, fwd_tile_order
 from .fwd_key import forward_key
 from .masks import fa4_mask, may_have_empty_rows
 
@@ -42,53 +44,66 @@ _compiled: dict = {}
 # it fits. Tests and scripts/gpu_fwd_persistent.py set it.
 GRID = "auto"
 GRIDS = ("auto", "one-tile", "persistent")
+# Q tiles aligned to the end of the sequence where that cuts KV steps (fwd_tail_aligned.py; same
+# bits either way). Tests and scripts turn it off to compare.
+TAIL_ALIGN = True
 
 
-def _grid(q, k, key, local: bool, varlen: bool, window_size_left, window_size_right):
-    """(CTAs of the persistent grid or 0 for FA4's, its work table or None) for this call."""
+@dataclass(frozen=True)
+class Plan:
+    """How a dense call runs: CTAs of the persistent grid (0: FA4's one CTA per tile), its work
+    table (on the device) and the rows the Q tiles move up (0: FA4's tiling)."""
+    ctas: int = 0
+    work: Optional[torch.Tensor] = None
+    q_shift: int = 0
+
+
+def _plan(q, k, key, local: bool, varlen: bool, window_size_left, window_size_right) -> Plan:
     if GRID not in GRIDS:
         raise ValueError(f"fwd_sm90.GRID={GRID!r}: expected one of {GRIDS}")
-    if GRID == "one-tile" or varlen:
-        return 0, None
+    if varlen:
+        return Plan()
     windows = (window_size_left, window_size_right) if local else (None, None)
-    only_where_it_pays = GRID == "auto"
-    shape = (tuple(q.shape), tuple(k.shape), key, windows, only_where_it_pays, q.device)
-    grid = _grids.get(shape)
-    if grid is None:   # first call of this shape: deal the tiles, put the table on the device
-        if len(_grids) >= 256:   # shapes seen once in a while (padded batches of many lengths) come back dealt again
-            _grids.clear()
-        ctas, table = _persistent_plan(q.shape, k.shape, q.element_size(), key, windows, only_where_it_pays,
-                                       _sm_count(q.device))
-        grid = _grids[shape] = (ctas, torch.tensor(table, dtype=torch.int32, device=q.device) if ctas else None)
-    return grid
+    shape = (tuple(q.shape), tuple(k.shape), key, windows, GRID, TAIL_ALIGN, q.device)
+    plan = _plans.get(shape)
+    if plan is None:   # first call of this shape: deal the tiles, put the table on the device
+        if len(_plans) >= 256:   # shapes seen once in a while (padded batches of many lengths) come back planned again
+            _plans.clear()
+        ctas, table, q_shift = _dense_plan(q.shape, k.shape, q.element_size(), key, windows, GRID, TAIL_ALIGN,
+                                           _sm_count(q.device))
+        work = torch.tensor(table, dtype=torch.int32, device=q.device) if ctas else None
+        plan = _plans[shape] = Plan(ctas, work, q_shift)
+    return plan
 
 
-_grids: dict = {}   # the only cache of the deal: it runs on a first call of a shape
+_plans: dict = {}   # the only cache of the deal: it runs on a first call of a shape
 
 
-def persistent_ctas(q, k, v, *, causal: bool, dropout_p: float = 0.0) -> int:
-    """The CTAs of the persistent grid a dense call with these inputs runs on now (GRID), or 0
-    for FA4's one-tile grid (what tests and scripts/gpu_fwd_persistent.py ask)."""
-    causal, local, left, right = fa4_mask(causal, -1, -1)
+def plan_of(q, k, v, *, causal: bool, window_left: int = -1, window_right: int = -1, dropout_p: float = 0.0) -> Plan:
+    """The plan a dense call with these inputs runs on now (GRID, TAIL_ALIGN), for tests and
+    scripts/gpu_fwd_persistent.py."""
+    causal, local, left, right = fa4_mask(causal, window_left, window_right)
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=left, window_size_right=right,
                       softcap=0.0, dropout_p=dropout_p)
-    return _grid(q, k, key, local, False, left, right)[0]
+    return _plan(q, k, key, local, False, left, right)
 
 
-def _persistent_plan(q_shape, k_shape, element_bytes, key, windows, only_where_it_pays: bool, sms: int):
-    """(CTAs, work table) of the persistent grid for this shape, or (0, None)."""
+def _dense_plan(q_shape, k_shape, element_bytes, key, windows, grid: str, tail_align: bool, sms: int):
+    """(CTAs or 0, work table or None, q_shift) for a dense shape."""
     _dtype, head_dim, group, causal, local, _left_open, _right_open, _softcap, dropout, *_ = key
     cfg = _fa4_config(key)
-    if not fwd_persistent.fits(head_dim, cfg.mma_pv_is_rs, varlen=False):
-        return 0, None
     packed = group > 1 and not dropout   # GQA heads packed into the rows (FA4's pack_gqa)
     batch, seqlen_q, heads, _ = q_shape
     tiles = fwd_tile_order.ForwardTiles(
         batch, k_shape[2] if packed else heads, seqlen_q, k_shape[1], head_dim, cfg.m_block_size,
         cfg.n_block_size, causal, *windows, rows_per_query=group if packed else 1, element_bytes=element_bytes)
-    if only_where_it_pays and not fwd_tile_order.persistent_pays(tiles):
-        return 0, None
-    return sms, fwd_tile_order.work_table(tiles, sms)
+    if tail_align:   # dropout's mask is drawn in 16-row groups, which a shift must keep whole
+        tiles = replace(tiles, q_shift=fwd_tile_order.tail_shift(tiles, multiple=16 if dropout else 1))
+    persistent = grid != "one-tile" and fwd_persistent.fits(head_dim, cfg.mma_pv_is_rs, varlen=False) and (
+        grid == "persistent" or fwd_tile_order.persistent_pays(tiles))
+    if not persistent:
+        return 0, None, tiles.q_shift
+    return sms, fwd_tile_order.work_table(tiles, sms), tiles.q_shift
 
 
 def _fa4_config(key):
@@ -105,12 +120,14 @@ def _sm_count(device) -> int:
 
 
 def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, window_size_left,
-             window_size_right, aux, ctas=0, work=None):
+             window_size_right, aux, plan: Plan):
     dtype, head_dim, group, causal, local, _left_open, _right_open, softcap, dropout, above_half, *_layout = key
     cfg = _fa4_config(key)
     kernel_cls = dropout_sm90.DropoutForwardSm90 if dropout else FlashAttentionForwardSm90
-    if ctas:
+    if plan.ctas:
         kernel_cls = fwd_persistent.kernel_class(kernel_cls)
+    if plan.q_shift:
+        kernel_cls = fwd_tail_aligned.kernel_class(kernel_cls)
     dropout_kwargs = dict(threshold_above_half=above_half) if dropout else {}
     kernel = kernel_cls(
         torch2cute_dtype_map[dtype], head_dim, head_dim, group, is_causal=causal, is_local=local,
@@ -121,12 +138,12 @@ def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, 
         has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False, **dropout_kwargs)
     cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0)
           for t in (cu_seqlens_q, cu_seqlens_k)]
-    with fwd_persistent.persistent_grid(ctas) if ctas else contextlib.nullcontext():
+    with fwd_persistent.persistent_grid(plan.ctas) if plan.ctas else contextlib.nullcontext():
         return cute.compile(
             kernel, *(to_cute_tensor(t) for t in (q, k, v, out)), to_cute_tensor(lse, assumed_align=4),
             softmax_scale, *cu, None, None, None, window_size_left, window_size_right, None, None,
             fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if aux else None, None),
-            None if work is None else to_cute_tensor(work, assumed_align=4, leading_dim=0), None,
+            None if plan.work is None else to_cute_tensor(plan.work, assumed_align=4, leading_dim=0), None,
             cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
 
 
@@ -161,13 +178,15 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
                       window_size_right=window_size_right, softcap=softcap, dropout_p=dropout_p, varlen=varlen)
-    ctas, work = _grid(q, k, key, local, varlen, window_size_left, window_size_right)
-    kernel = _compiled.get((key, ctas))
+    plan = _plan(q, k, key, local, varlen, window_size_left, window_size_right)
+    # the compiled kernel depends on whether the Q tiles move, not by how much (it reads the length)
+    compiled_as = (key, plan.ctas, bool(plan.q_shift))
+    kernel = _compiled.get(compiled_as)
     if kernel is None:
-        kernel = _compiled[key, ctas] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                                                 window_size_left, window_size_right, aux, ctas, work)
+        kernel = _compiled[compiled_as] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                                   window_size_left, window_size_right, aux, plan)
     kernel(q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, None, None, None, window_size_left,
-           window_size_right, None, None, fa4_utils.AuxData(aux, None), work, None)
+           window_size_right, None, None, fa4_utils.AuxData(aux, None), plan.work, None)
     if may_have_empty_rows(causal or local, *lengths):
         # FA4 writes -inf for a row that sees no key; ours is +inf (docs/INTERNALS.md), which the
         # backward reads as P = 0 as well.

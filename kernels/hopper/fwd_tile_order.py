@@ -23,7 +23,7 @@ entry after its last one before it learns it is done).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TILE_OVERHEAD = 1     # a tile's set-up and epilogue, in KV steps, for dealing the tiles
 L2_BYTES = 50 * 1024 * 1024
@@ -52,15 +52,17 @@ class ForwardTiles:
     window_right: int | None = None
     rows_per_query: int = 1
     element_bytes: int = 2
+    q_shift: int = 0   # rows the Q tiles start above the sequence (tail-aligned tiles: fwd_tail_aligned.py)
 
     @property
     def num_block(self) -> int:
-        return -(-self.seqlen_q * self.rows_per_query // self.tile_m)
+        return -(-(self.seqlen_q * self.rows_per_query + self.q_shift) // self.tile_m)
 
     def kv_steps(self, block: int) -> int:
-        """KV tiles Q tile `block` visits (bottom-right aligned masks, as the kernel's)."""
-        first_row = block * self.tile_m // self.rows_per_query
-        last_row = min(((block + 1) * self.tile_m - 1) // self.rows_per_query, self.seqlen_q - 1)
+        """KV tiles Q tile `block` visits (bottom-right aligned masks, as the kernel's). A tile's
+        first row may lie above the sequence (q_shift): the kernel bounds its KV tiles from there."""
+        first_row = block * self.tile_m // self.rows_per_query - self.q_shift
+        last_row = min(((block + 1) * self.tile_m - 1) // self.rows_per_query - self.q_shift, self.seqlen_q - 1)
         shift = self.seqlen_k - self.seqlen_q
         hi, lo = self.seqlen_k, 0
         right = 0 if self.causal else self.window_right
@@ -80,10 +82,26 @@ class ForwardTiles:
         return 1 << (fit.bit_length() - 1)
 
 
+def total_steps(tiles: ForwardTiles) -> int:
+    """KV steps of one (batch, head) pair's Q tiles."""
+    return sum(tiles.kv_steps(b) for b in range(tiles.num_block))
+
+
 def persistent_pays(tiles: ForwardTiles) -> bool:
     """Whether the persistent grid is the faster one for this shape (PERSISTENT_MAX_MEAN_STEPS)."""
-    nb = tiles.num_block
-    return sum(tiles.kv_steps(b) for b in range(nb)) <= PERSISTENT_MAX_MEAN_STEPS * nb
+    return total_steps(tiles) <= PERSISTENT_MAX_MEAN_STEPS * tiles.num_block
+
+
+def tail_shift(tiles: ForwardTiles, multiple: int = 1) -> int:
+    """Rows to move the Q tiles up so that the last one ends on the last query, where that cuts
+    the KV steps (a causal mask whose length is no multiple of tile_m: at 1k tokens and 192-row
+    tiles, 27 steps instead of 32) and is a multiple of `multiple` (dropout's mask is drawn in
+    16-row groups), else 0. Only with one row per query (GQA heads packed into the rows would
+    move by a fraction of a query)."""
+    shift = -tiles.seqlen_q % tiles.tile_m
+    if tiles.rows_per_query != 1 or tiles.q_shift or not shift or shift % multiple:
+        return 0
+    return shift if total_steps(replace(tiles, q_shift=shift)) < total_steps(tiles) else 0
 
 
 def deal(tiles: ForwardTiles, ctas: int) -> list[list[int]]:

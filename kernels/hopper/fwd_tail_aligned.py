@@ -1,0 +1,102 @@
+"""Tail-aligned Q tiles for the Hopper forward: the last Q tile ends on the last query, and the
+first one starts `q_shift` rows above the sequence.
+
+Why. FA4's sm90 forward cuts the queries into tiles from the top, so when the length is no
+multiple of the tile (1k tokens in 192-row tiles at hdim 64) the short tile is the last one,
+and under a causal mask a tile's KV steps follow its last row: each full tile reaches past a
+KV-tile boundary the aligned one would stop at. Aligned to the end the short tile is the first
+one, which sees one KV tile: 27 KV steps per head at 1k instead of 32, 96 instead of 101 at 2k
+(fwd_tile_order.tail_shift decides where it cuts steps).
+
+How, without touching FA4's kernel body: every part of it that places a row reads the sequence
+info its load and mma steps build per tile, so those steps get one (`TailAlignedSeqlen`) that
+says the sequence is `q_shift` rows longer and whose Q and O views start `q_shift` rows before
+the tensors. The causal mask and KV bounds are bottom-right aligned, so with seqlen_q + q_shift
+rows a shifted row sees exactly what its query sees. Rows above the sequence have negative
+coordinates in the TMA views: their Q loads as zeros and their O is not written (TMA leaves
+out-of-bound boxes alone). LSE is stored per thread, not by TMA, and FA4's store bounds only the
+end, so this class stores it (`_store_lse`, both bounds) and hands FA4's epilogue no LSE.
+
+Same bits as FA4's tiling: a row's KV tiles keep their order, and the tiles it no longer visits
+were masked whole for it (their P is 0 and they add exact zeros). tests/test_gpu_hopper.py
+compares both. Dense batches with one row per query only (not GQA packed into rows, not varlen).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
+from flash_attn.cute.seqlen_info import SeqlenInfoQK
+
+from .dropout_sm90 import tile_coords
+from .fa4_calls import call_arguments
+
+
+@dataclass(frozen=True)
+class TailAlignedSeqlen(SeqlenInfoQK):
+    """FA4's sequence info of one batch entry with its Q tiles moved up by `q_shift` rows:
+    seqlen_q counts the rows above the sequence, and Q/O views start there."""
+    q_shift: Int32 = 0
+
+    def offset_batch_Q(self, mQ, batch_idx, dim, padded=False, ragged=False):
+        mQ = super().offset_batch_Q(mQ, batch_idx, dim, padded=padded, ragged=ragged)
+        return cute.domain_offset((-self.q_shift,) + (None,) * (cute.rank(mQ) - 1), mQ)
+
+
+def _tail_aligned(seqlen_info_cls, tile_m: int):
+    """A drop-in for FA4's per-tile SeqlenInfoCls(batch_idx) giving TailAlignedSeqlen."""
+    def create(batch_idx):
+        info = seqlen_info_cls(batch_idx)
+        shift = (tile_m - info.seqlen_q % tile_m) % tile_m
+        values = {f.name: getattr(info, f.name) for f in fields(info)}
+        values["seqlen_q"] = info.seqlen_q + shift
+        return TailAlignedSeqlen(**values, q_shift=shift)
+    return create
+
+
+class _TailAlignedQ:
+    """A forward kernel (FA4's sm90 forward or a subclass) with tail-aligned Q tiles."""
+
+    def load(self, *args, **kwargs):
+        return super().load(**self._shifted(FlashAttentionForwardSm90.load, args, kwargs))
+
+    def mma(self, *args, **kwargs):
+        return super().mma(**self._shifted(FlashAttentionForwardSm90.mma, args, kwargs))
+
+    def _shifted(self, method, args, kwargs) -> dict:
+        arguments = call_arguments(method, self, args, kwargs)
+        del arguments["self"]
+        arguments["SeqlenInfoCls"] = _tail_aligned(arguments["SeqlenInfoCls"], self.tile_m)
+        return arguments
+
+    def epilogue(self, *args, **kwargs):
+        arguments = call_arguments(FlashAttentionForwardSm90.epilogue, self, args, kwargs)
+        del arguments["self"]
+        if cutlass.const_expr(arguments["mLSE"] is not None):
+            self._store_lse(*(arguments[name] for name in ("lse", "mLSE", "seqlen", "tiled_mma", "tidx", "m_block",
+                                                           "head_idx", "batch_idx")))
+        return super().epilogue(**dict(arguments, mLSE=None))
+
+    @cute.jit
+    def _store_lse(self, lse, mLSE, seqlen, tiled_mma, tidx, m_block, head_idx, batch_idx):
+        """Each row's LSE from the thread holding its column 0, rows above the sequence skipped
+        (mLSE is (seqlen, head, batch); its row r is the query r)."""
+        rows = tile_coords(tiled_mma.get_slice(tidx), (self.tile_m, self.tile_hdimv),
+                           (m_block * self.tile_m - seqlen.q_shift, 0))
+        mLSE_cur = mLSE[None, head_idx, batch_idx]
+        if rows[0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                row = rows[r, 0][0]
+                if row >= 0:
+                    if row < seqlen.seqlen_q - seqlen.q_shift:
+                        mLSE_cur[row] = lse[r]
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_class(base):
+    """`base` (FA4's forward or a subclass) with tail-aligned Q tiles."""
+    return type("TailAligned" + base.__name__, (_TailAlignedQ, base), {})
