@@ -135,7 +135,7 @@ def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, 
         num_stages=2, num_threads=384, Q_in_regs=False, intra_wg_overlap=cfg.intra_wg_overlap,
         mma_pv_is_rs=cfg.mma_pv_is_rs, mask_mod=None,
         score_mod=fa4_utils.create_softcap_scoremod(softcap) if softcap else None,
-        has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False, **dropout_kwargs)
+        has_aux_tensors=bool(aux), q_subtile_factor=1, paged_kv_non_tma=False, **dropout_kwargs)
     cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0)
           for t in (cu_seqlens_q, cu_seqlens_k)]
     with fwd_persistent.persistent_grid(plan.ctas) if plan.ctas else contextlib.nullcontext():
@@ -175,10 +175,12 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
         lengths = [seqlen_q], [k.shape[1]]
     if q.numel() == 0 or k.numel() == 0:   # nothing to launch; no key is visible: softmax of nothing
         return out.zero_(), lse.fill_(float("inf"))
-    aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else None
+    aux = [dropout_sm90.params_tensor(seed, dropout_p, q.device)] if dropout else []
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
                       window_size_right=window_size_right, softcap=softcap, dropout_p=dropout_p, varlen=varlen)
     plan = _plan(q, k, key, local, varlen, window_size_left, window_size_right)
+    if plan.q_shift:   # the top tile's O is stored per thread (fwd_tail_aligned.py): O's address, last
+        aux.append(out)
     # the compiled kernel depends on whether the Q tiles move, not by how much (it reads the length)
     compiled_as = (key, plan.ctas, bool(plan.q_shift))
     kernel = _compiled.get(compiled_as)
@@ -186,7 +188,7 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
         kernel = _compiled[compiled_as] = _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k,
                                                    window_size_left, window_size_right, aux, plan)
     kernel(q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, None, None, None, window_size_left,
-           window_size_right, None, None, fa4_utils.AuxData(aux, None), plan.work, None)
+           window_size_right, None, None, fa4_utils.AuxData(aux or None, None), plan.work, None)
     if may_have_empty_rows(causal or local, *lengths):
         # FA4 writes -inf for a row that sees no key; ours is +inf (docs/INTERNALS.md), which the
         # backward reads as P = 0 as well.

@@ -13,9 +13,13 @@ info its load and mma steps build per tile, so those steps get one (`TailAligned
 says the sequence is `q_shift` rows longer and whose Q and O views start `q_shift` rows before
 the tensors. The causal mask and KV bounds are bottom-right aligned, so with seqlen_q + q_shift
 rows a shifted row sees exactly what its query sees. Rows above the sequence have negative
-coordinates in the TMA views: their Q loads as zeros and their O is not written (TMA leaves
-out-of-bound boxes alone). LSE is stored per thread, not by TMA, and FA4's store bounds only the
-end, so this class stores it (`_store_lse`, both bounds) and hands FA4's epilogue no LSE.
+coordinates in the TMA view of Q, which loads them as zeros. A TMA store whose box starts at a
+negative coordinate is an illegal instruction on the H100 (measured), so the top tile's O goes
+out per thread from registers (`_store_top_tile`, rows above skipped; one tile a head) while
+FA4's TMA store of it is aimed past the end of the sequence, where it writes nothing. O's
+address reaches the kernel as the last aux tensor (FA4's kernel sees O only as a TMA view).
+LSE is stored per thread, and FA4's store bounds only the end, so this class stores it
+(`_store_lse`, both bounds) and hands FA4's epilogue no LSE.
 
 Same bits as FA4's tiling: a row's KV tiles keep their order, and the tiles it no longer visits
 were masked whole for it (their P is 0 and they add exact zeros). tests/test_gpu_hopper.py
@@ -24,7 +28,7 @@ compares both. Dense batches with one row per query only (not GQA packed into ro
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import cutlass
 import cutlass.cute as cute
@@ -41,10 +45,11 @@ class TailAlignedSeqlen(SeqlenInfoQK):
     """FA4's sequence info of one batch entry with its Q tiles moved up by `q_shift` rows:
     seqlen_q counts the rows above the sequence, and Q/O views start there."""
     q_shift: Int32 = 0
+    view_shift: Int32 = 0   # rows the Q/O views start before the tensors: q_shift, or less to aim past the end
 
     def offset_batch_Q(self, mQ, batch_idx, dim, padded=False, ragged=False):
         mQ = super().offset_batch_Q(mQ, batch_idx, dim, padded=padded, ragged=ragged)
-        return cute.domain_offset((-self.q_shift,) + (None,) * (cute.rank(mQ) - 1), mQ)
+        return cute.domain_offset((-self.view_shift,) + (None,) * (cute.rank(mQ) - 1), mQ)
 
 
 def _tail_aligned(seqlen_info_cls, tile_m: int):
@@ -54,7 +59,7 @@ def _tail_aligned(seqlen_info_cls, tile_m: int):
         shift = (tile_m - info.seqlen_q % tile_m) % tile_m
         values = {f.name: getattr(info, f.name) for f in fields(info)}
         values["seqlen_q"] = info.seqlen_q + shift
-        return TailAlignedSeqlen(**values, q_shift=shift)
+        return TailAlignedSeqlen(**values, q_shift=shift, view_shift=shift)
     return create
 
 
@@ -65,7 +70,9 @@ class _TailAlignedQ:
         return super().load(**self._shifted(FlashAttentionForwardSm90.load, args, kwargs))
 
     def mma(self, *args, **kwargs):
-        return super().mma(**self._shifted(FlashAttentionForwardSm90.mma, args, kwargs))
+        arguments = self._shifted(FlashAttentionForwardSm90.mma, args, kwargs)
+        self._out = arguments["aux_data"].tensors[-1]   # trace-time: O as (batch, seqlen, head, dim)
+        return super().mma(**arguments)
 
     def _shifted(self, method, args, kwargs) -> dict:
         arguments = call_arguments(method, self, args, kwargs)
@@ -76,10 +83,17 @@ class _TailAlignedQ:
     def epilogue(self, *args, **kwargs):
         arguments = call_arguments(FlashAttentionForwardSm90.epilogue, self, args, kwargs)
         del arguments["self"]
+        seqlen, m_block = arguments["seqlen"], arguments["m_block"]
+        tile_place = [arguments[name] for name in ("seqlen", "tiled_mma", "tidx", "m_block", "head_idx", "batch_idx")]
         if cutlass.const_expr(arguments["mLSE"] is not None):
-            self._store_lse(*(arguments[name] for name in ("lse", "mLSE", "seqlen", "tiled_mma", "tidx", "m_block",
-                                                           "head_idx", "batch_idx")))
-        return super().epilogue(**dict(arguments, mLSE=None))
+            self._store_lse(arguments["lse"], arguments["mLSE"], *tile_place)
+        # only block 0 can hold rows above the sequence (q_shift < tile_m)
+        top = m_block * self.tile_m < seqlen.q_shift
+        past_end = seqlen.seqlen_q + self.tile_m   # taken off the view's shift: the whole box lies past the end
+        o_view = replace(seqlen, view_shift=seqlen.q_shift - cutlass.select_(top, past_end, Int32(0)))
+        super().epilogue(**dict(arguments, mLSE=None, seqlen=o_view))
+        # after FA4's epilogue: acc_O holds what it stored (dropout's scale applied)
+        self._store_top_tile(arguments["acc_O"], *tile_place)
 
     @cute.jit
     def _store_lse(self, lse, mLSE, seqlen, tiled_mma, tidx, m_block, head_idx, batch_idx):
@@ -94,6 +108,22 @@ class _TailAlignedQ:
                 if row >= 0:
                     if row < seqlen.seqlen_q - seqlen.q_shift:
                         mLSE_cur[row] = lse[r]
+
+
+    @cute.jit
+    def _store_top_tile(self, acc_O, seqlen, tiled_mma, tidx, m_block, head_idx, batch_idx):
+        """O of the top tile (the one holding rows above the sequence; other tiles store nothing
+        here), per thread from its accumulator, rows above the sequence skipped."""
+        mO, first_row = self._out, m_block * self.tile_m - seqlen.q_shift
+        coords = tiled_mma.get_slice(tidx).partition_C(cute.domain_offset(
+            (first_row, 0), cute.make_identity_tensor((self.tile_m, self.tile_hdimv))))
+        rO = cute.make_fragment_like(acc_O, self.dtype)
+        if first_row < 0:
+            rO.store(acc_O.load().to(rO.element_type))
+            for i in cutlass.range_constexpr(cute.size(rO)):
+                row, col = coords[i]
+                if row >= 0:
+                    mO[batch_idx, row, head_idx, col] = rO[i]
 
 
 @functools.lru_cache(maxsize=None)
