@@ -34,7 +34,7 @@ OPCODES = ("HGMMA", "MUFU.EX2", "IMAD", "LOP3", "FSEL", "ISETP", "FMUL", "SHF", 
 
 def count(sass_text: str) -> dict:
     """{"total": instructions, opcode: instructions whose opcode starts with it}."""
-    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass_text, re.M)
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass_text, re.M)
     counts = {"total": len(ops)}
     for name in OPCODES:
         counts[name] = sum(op == name or op.startswith(name + ".") for op in ops)

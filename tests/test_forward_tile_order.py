@@ -53,13 +53,14 @@ def test_every_tile_is_dealt_exactly_once(tiles):
 
 @pytest.mark.parametrize("tiles", SHAPES[4:], ids=str)
 def test_kv_steps_are_the_masks(tiles):
-    assert [tiles.kv_steps(b) for b in range(tiles.num_block)] == [brute_kv_steps(tiles, b)
+    assert [tiles.kv_steps(b) for b in range(tiles.num_block)] == [max(brute_kv_steps(tiles, b), 1)
                                                                     for b in range(tiles.num_block)]
 
 
-def test_rows_that_see_no_key_make_a_tile_of_no_steps():
+def test_rows_that_see_no_key_make_a_tile_of_one_step():
+    """FA4's forward runs a tile's first KV step even when its rows see no key."""
     tiles = ForwardTiles(1, 1, 1300, 700, 128, 128, 128, causal=True)
-    assert tiles.kv_steps(0) == 0 and brute_kv_steps(tiles, 0) == 0 and tiles.kv_steps(tiles.num_block - 1) == 6
+    assert tiles.kv_steps(0) == 1 and brute_kv_steps(tiles, 0) == 0 and tiles.kv_steps(tiles.num_block - 1) == 6
 
 
 @pytest.mark.parametrize("tiles", SHAPES[:4], ids=str)
@@ -129,3 +130,19 @@ def test_tail_aligned_tiles_end_on_the_last_query_where_that_cuts_steps():
     for tiles in SHAPES:   # never more steps
         if not tiles.q_shift:
             assert total_steps(replace(tiles, q_shift=tail_shift(tiles))) <= total_steps(tiles)
+    # more queries than keys: a tile whose rows see no key still runs one step, so moving the
+    # tiles saves nothing here and they stay (212 x 107 would count 2 -> 1 if empty tiles ran none)
+    assert tail_shift(ForwardTiles(1, 1, 212, 107, 64, 192, 128, causal=True)) == 0
+
+
+@pytest.mark.parametrize("multiple", (1, 16))
+def test_the_shift_is_the_one_the_kernel_computes_or_none(multiple):
+    """The kernel is compiled with tail alignment on or off and computes its shift from the
+    length, (tile_m - S % tile_m) % tile_m: the host's shift must be that or 0, for every length."""
+    for tile_m in (128, 192):
+        for seqlen_q in range(1, 1200, 7):
+            for seqlen_k in (seqlen_q, seqlen_q + 300, max(seqlen_q - 300, 1)):
+                for window in ((None, None), (256, 0)):
+                    tiles = ForwardTiles(1, 1, seqlen_q, seqlen_k, 64, tile_m, 128, causal=window[0] is None,
+                                         window_left=window[0], window_right=window[1])
+                    assert tail_shift(tiles, multiple) in (0, (tile_m - seqlen_q % tile_m) % tile_m)

@@ -11,6 +11,7 @@ sm90 GPU and the `hopper` extra).
 - through the API: `auto` takes this backend where it runs the call and says why where it does
   not; a Hugging Face model through it matches fp32 eager.
 """
+import math
 import os
 import subprocess
 import sys
@@ -151,43 +152,91 @@ def test_auto_takes_the_persistent_forward_where_tiles_are_short(forward_grid):
         assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(first, again, other))
 
 
-@pytest.mark.parametrize("feature", ("causal", "causal-window256", "causal-softcap20", "dropout0.1", "dropout0.7"))
-@pytest.mark.parametrize("gqa", (1, 4))
-@pytest.mark.parametrize("grid", ("one-tile", "persistent"))
-def test_tail_aligned_q_tiles_give_fa4_tilings_bits(monkeypatch, forward_grid, feature, gqa, grid):
-    """Q tiles aligned to the end of the sequence (fwd_tail_aligned.py) skip KV tiles masked whole
-    for every row they hold, and change no bit of O or LSE: 192-row tiles at hdim 64, 1k tokens
-    (128 rows above the sequence), fewer queries than keys and the reverse (rows that see no key),
-    a length whose shift is no multiple of 16 (moved without dropout only), on both grids. GQA with
-    dropout runs unpacked heads (moved); without, packed rows (not moved)."""
+@pytest.fixture
+def poisoned_outputs(monkeypatch):
+    """The forward's O and LSE come from NaN-filled buffers with NaN guard rows on both sides:
+    `check()` says that every element was written and nothing beside the tensors."""
     from dash_plugin.kernels.hopper import fwd_sm90
-    mask = dict(FEATURES.get(feature, {"causal": True}))
-    if feature.startswith("dropout"):
-        mask.update(dropout_p=float(feature[len("dropout"):]), seed=11)
+    buffers, guard = [], 4096
+
+    def empty(shape, dtype, device):
+        n = math.prod(shape)
+        buffer = torch.full((n + 2 * guard,), float("nan"), dtype=dtype, device=device)
+        buffers.append(buffer)
+        return buffer[guard:guard + n].view(shape)
+
+    def check(outputs):
+        assert all(not torch.isnan(t).any() for t in outputs), "an output element was not written"
+        for buffer in buffers:
+            assert torch.isnan(buffer[:guard]).all() and torch.isnan(buffer[-guard:]).all(), \
+                "a write landed beside the outputs"
+        buffers.clear()
+    monkeypatch.setattr(fwd_sm90, "_empty", empty)
+    return check
+
+
+def tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, check, grid, head_dim, gqa, mask, lengths_list):
+    """Runs each (queries, keys) length with and without tail-aligned Q tiles; asserts equal bits,
+    every output written and nothing beside; returns how many lengths moved their tiles."""
+    from dash_plugin.kernels.hopper import fwd_sm90
     moved = 0
-    for lengths in ((1024, 1024), (700, 1300), (1300, 700), (1000, 1000)):
+    for lengths in lengths_list:
         g = torch.Generator(device="cuda").manual_seed(14)
-        q = torch.randn(2, lengths[0], 16, 64, device="cuda", dtype=torch.bfloat16, generator=g)
-        k, v = (torch.randn(2, lengths[1], 16 // gqa, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+        q = torch.randn(2, lengths[0], 16, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+        k, v = (torch.randn(2, lengths[1], 16 // gqa, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
                 for _ in range(2))
         results = {}
         for tail_align in (True, False):
             monkeypatch.setattr(fwd_sm90, "TAIL_ALIGN", tail_align)
             monkeypatch.setattr(fwd_sm90, "GRID", grid)
-            plan_args = {name: mask[name] for name in ("causal", "window_left", "dropout_p") if name in mask}
+            plan_args = {name: mask[name] for name in ("causal", "window_left", "window_right", "dropout_p")
+                         if name in mask}
             results[tail_align] = (fwd_sm90.plan_of(q, k, v, **plan_args).q_shift,
-                                   forward_grid(grid, q, k, v, softmax_scale=0.125, **mask))
+                                   forward_grid(grid, q, k, v, softmax_scale=head_dim ** -0.5, **mask))
+            check(results[tail_align][1])
         (shift, tail), (no_shift, fa4_tiling) = results[True], results[False]
         assert no_shift == 0
         assert torch.equal(tail[0], fa4_tiling[0]) and torch.equal(tail[1], fa4_tiling[1]), (lengths, shift)
-        if lengths[0] <= lengths[1]:   # every row sees a key: a finite LSE everywhere (no row written twice)
-            assert torch.isfinite(tail[1]).all()
         moved += shift > 0
-    # lengths moved (fwd_tile_order.tail_shift): all four causal; with a 256-key window 1k and
-    # 1300x700 (at 700x1300 and 1000 the window's left edge would cost a step); with dropout 1k only
-    # (shifts of 68, 44 and 152 rows would split its 16-row groups); none with GQA packed into rows
-    expected = {"causal": 4, "causal-softcap20": 4, "causal-window256": 2}.get(feature, 1)
-    assert moved == (expected if gqa == 1 or feature.startswith("dropout") else 0), moved
+    return moved
+
+
+# (queries, keys): 1k (128 rows above the sequence at 192-row tiles), fewer queries than keys and
+# the reverse (rows that see no key), 1000 (a shift of 152: no multiple of 16, so not with
+# dropout), 272 and 784 x 1040 (shifts of 112 and 176: dropout's 16-row groups moved whole)
+TAIL_LENGTHS = ((1024, 1024), (700, 1300), (1300, 700), (1000, 1000), (272, 272), (784, 1040))
+
+
+@pytest.mark.parametrize("feature", ("causal", "causal-window256", "band128x128", "causal-softcap20", "dropout0.1",
+                                     "dropout0.7"))
+@pytest.mark.parametrize("gqa", (1, 4))
+@pytest.mark.parametrize("grid", ("one-tile", "persistent"))
+def test_tail_aligned_q_tiles_give_fa4_tilings_bits(monkeypatch, forward_grid, poisoned_outputs, feature, gqa, grid):
+    """Q tiles aligned to the end of the sequence (fwd_tail_aligned.py) skip KV tiles masked whole
+    for every row they hold, and change no bit of O or LSE, at hdim 64 on both grids; every
+    output element is written (NaN-filled outputs) and nothing beside them (NaN guard rows: the
+    top tile's rows above the sequence must not land before the first head). GQA with dropout
+    runs unpacked heads (moved); without, packed rows (never moved)."""
+    mask = dict(FEATURES.get(feature, {"causal": True}))
+    if feature.startswith("dropout"):
+        mask.update(dropout_p=float(feature[len("dropout"):]), seed=11)
+    moved = tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, poisoned_outputs, grid, 64, gqa, mask,
+                                            TAIL_LENGTHS)
+    unpacked = gqa == 1 or feature.startswith("dropout")
+    assert moved >= 2 if unpacked else moved == 0, moved   # which lengths: tests/test_forward_tile_order.py
+
+
+@pytest.mark.parametrize("feature", ("causal", "band128x128", "dropout0.1"))
+@pytest.mark.parametrize("head_dim", (96, 256))
+def test_tail_aligned_q_tiles_at_other_head_dims(monkeypatch, forward_grid, poisoned_outputs, feature, head_dim):
+    """hdim 96 (192-row tiles, the persistent grid) and 256 (128 x 80 tiles, O rescaled before
+    its product): FA4's tiling's bits, with the tiles moved at some lengths."""
+    mask = dict(FEATURES.get(feature, {"causal": True}))
+    if feature.startswith("dropout"):
+        mask.update(dropout_p=0.1, seed=11)
+    moved = tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, poisoned_outputs, "auto", head_dim, 1, mask,
+                                            TAIL_LENGTHS)
+    assert moved >= 1, moved
 
 
 def test_forward_with_broadcast_kv_compiles_apart_and_gives_fa4s_bits():

@@ -1,6 +1,7 @@
 """scripts/sass_counts.py's counting, on the CPU (compiling needs the `hopper` extra; counting a
 listing does not): every instruction once, predicated ones included, opcode families by prefix,
-and local-memory spills (STL / LDL with any width or cache suffix) counted apart."""
+and local-memory spills (STL / LDL with any width or cache suffix) counted apart, and instructions past
+address 0xffff (five hex digits: kernels of more than 4,096 instructions) counted too."""
 from tests.script_modules import load_script
 
 LISTING = """
@@ -15,13 +16,16 @@ LISTING = """
         /*0080*/                   SHF.R.U32.HI R7, RZ, 0x8, R6 ;
 .L_x_20:
         /*0090*/                   EXIT ;
+        /*fff0*/                   FSEL R3, R4, RZ, P0 ;
+        /*10000*/                  IMAD R17, R17, UR11, R2 ;
+        /*1a2b0*/                  MUFU.EX2 R5, R6 ;
 """
 
 
 def test_counts_instructions_families_and_spills():
     counts = load_script("sass_counts").count(LISTING)
-    assert counts["total"] == 10
-    assert counts["IMAD"] == 1 and counts["LOP3"] == 1 and counts["HGMMA"] == 1
+    assert counts["total"] == 13
+    assert counts["IMAD"] == 2 and counts["LOP3"] == 1 and counts["HGMMA"] == 1
     assert counts["SHFL"] == 1 and counts["SHF"] == 1   # SHF is not a prefix of SHFL's family
     assert counts["STL"] == 2 and counts["LDL"] == 1
-    assert counts["FSEL"] == 0 and counts["MUFU.EX2"] == 0
+    assert counts["FSEL"] == 1 and counts["MUFU.EX2"] == 1

@@ -99,6 +99,8 @@ def _dense_plan(q_shape, k_shape, element_bytes, key, windows, grid: str, tail_a
         cfg.n_block_size, causal, *windows, rows_per_query=group if packed else 1, element_bytes=element_bytes)
     if tail_align:   # dropout's mask is drawn in 16-row groups, which a shift must keep whole
         tiles = replace(tiles, q_shift=fwd_tile_order.tail_shift(tiles, multiple=16 if dropout else 1))
+        # the compiled kernel knows only that the tiles move and computes by how much from the length
+        assert tiles.q_shift in (0, -seqlen_q % cfg.m_block_size), tiles
     persistent = grid != "one-tile" and fwd_persistent.fits(head_dim, cfg.mma_pv_is_rs, varlen=False) and (
         grid == "persistent" or fwd_tile_order.persistent_pays(tiles))
     if not persistent:
@@ -135,7 +137,7 @@ def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, 
         num_stages=2, num_threads=384, Q_in_regs=False, intra_wg_overlap=cfg.intra_wg_overlap,
         mma_pv_is_rs=cfg.mma_pv_is_rs, mask_mod=None,
         score_mod=fa4_utils.create_softcap_scoremod(softcap) if softcap else None,
-        has_aux_tensors=bool(aux), q_subtile_factor=1, paged_kv_non_tma=False, **dropout_kwargs)
+        has_aux_tensors=dropout, q_subtile_factor=1, paged_kv_non_tma=False, **dropout_kwargs)
     cu = [None if t is None else to_cute_tensor(t, assumed_align=4, leading_dim=0)
           for t in (cu_seqlens_q, cu_seqlens_k)]
     with fwd_persistent.persistent_grid(plan.ctas) if plan.ctas else contextlib.nullcontext():
@@ -145,6 +147,12 @@ def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, 
             fa4_utils.AuxData([to_cute_aux_tensor(t) for t in aux] if aux else None, None),
             None if plan.work is None else to_cute_tensor(plan.work, assumed_align=4, leading_dim=0), None,
             cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
+
+
+def _empty(shape, dtype, device):
+    """The outputs' allocation (tests put NaN-filled buffers with guard rows here, to see that
+    every element is written and nothing outside)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_left: int = -1,
@@ -161,17 +169,17 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     dropout = dropout_p > 0
     varlen = cu_seqlens_q is not None
     q, k, v = (maybe_contiguous(t).detach() for t in (q, k, v))   # DLPack exports no autograd tensors
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = _empty(q.shape, q.dtype, q.device)
     if varlen:
         total_q, heads, head_dim = q.shape
-        lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
+        lse = _empty((heads, total_q), torch.float32, q.device)
         # checked on the host (kept on the tensors: the caller's check read them already)
         lengths = (seqlens_of(cu_seqlens_q, total_q, "cu_seqlens_q"),
                    seqlens_of(cu_seqlens_k, k.shape[0], "cu_seqlens_k"))
         cu_seqlens_q, cu_seqlens_k = (t.contiguous() for t in (cu_seqlens_q, cu_seqlens_k))   # int32: checked
     else:
         batch, seqlen_q, heads, head_dim = q.shape
-        lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
+        lse = _empty((batch, heads, seqlen_q), torch.float32, q.device)
         lengths = [seqlen_q], [k.shape[1]]
     if q.numel() == 0 or k.numel() == 0:   # nothing to launch; no key is visible: softmax of nothing
         return out.zero_(), lse.fill_(float("inf"))
@@ -179,8 +187,8 @@ def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_lef
     key = forward_key(q, k, v, causal=causal, local=local, window_size_left=window_size_left,
                       window_size_right=window_size_right, softcap=softcap, dropout_p=dropout_p, varlen=varlen)
     plan = _plan(q, k, key, local, varlen, window_size_left, window_size_right)
-    if plan.q_shift:   # the top tile's O is stored per thread (fwd_tail_aligned.py): O's address, last
-        aux.append(out)
+    if plan.q_shift:   # the top tile's O is stored per thread, a column pair a word (fwd_tail_aligned.py)
+        aux.append(out.view(torch.int32))
     # the compiled kernel depends on whether the Q tiles move, not by how much (it reads the length)
     compiled_as = (key, plan.ctas, bool(plan.q_shift))
     kernel = _compiled.get(compiled_as)

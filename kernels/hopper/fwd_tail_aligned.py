@@ -8,22 +8,27 @@ KV-tile boundary the aligned one would stop at. Aligned to the end the short til
 one, which sees one KV tile: 27 KV steps per head at 1k instead of 32, 96 instead of 101 at 2k
 (fwd_tile_order.tail_shift decides where it cuts steps).
 
-How, without touching FA4's kernel body: every part of it that places a row reads the sequence
-info its load and mma steps build per tile, so those steps get one (`TailAlignedSeqlen`) that
-says the sequence is `q_shift` rows longer and whose Q and O views start `q_shift` rows before
-the tensors. The causal mask and KV bounds are bottom-right aligned, so with seqlen_q + q_shift
-rows a shifted row sees exactly what its query sees. Rows above the sequence have negative
-coordinates in the TMA view of Q, which loads them as zeros. A TMA store whose box starts at a
-negative coordinate is an illegal instruction on the H100 (measured), so the top tile's O goes
-out per thread from registers (`_store_top_tile`, rows above skipped; one tile a head) while
-FA4's TMA store of it is aimed past the end of the sequence, where it writes nothing. O's
-address reaches the kernel as the last aux tensor (FA4's kernel sees O only as a TMA view).
-LSE is stored per thread, and FA4's store bounds only the end, so this class stores it
-(`_store_lse`, both bounds) and hands FA4's epilogue no LSE.
+How, without touching FA4's kernel body: the parts of it that place a row for the causal mask,
+its KV bounds and the Q/O copies read the sequence info its load and mma steps build per tile,
+so those steps get one (`TailAlignedSeqlen`) that says the sequence is `q_shift` rows longer and
+whose Q and O views start `q_shift` rows before the tensors. The masks and KV bounds are
+bottom-right aligned, so with seqlen_q + q_shift rows a shifted row sees exactly what its query
+sees. Parts that place rows from m_block alone (a score_mod's or mask_mod's q_idx, GQA rows
+packed, learnable sinks) would be off by `q_shift`: the class refuses packed rows and mask_mod,
+and the only score_mod fwd_sm90 passes, softcap, reads no index. Rows above the sequence have
+negative coordinates in the TMA view of Q, which loads them as zeros. A TMA store whose box
+starts at a negative coordinate is an illegal instruction on the H100 (measured), so the top
+tile's O goes out per thread from registers (`_store_top_tile`, rows above skipped; one tile a
+head) while FA4's TMA store of it is aimed past the end of the sequence, where it writes
+nothing. O's address reaches the kernel as the last aux tensor, O seen as int32 words (FA4's
+kernel sees O only as a TMA view). LSE is stored per thread, and FA4's store bounds only the end, so this class stores
+it (`_store_lse`, both bounds) and hands FA4's epilogue no LSE.
 
-Same bits as FA4's tiling: a row's KV tiles keep their order, and the tiles it no longer visits
-were masked whole for it (their P is 0 and they add exact zeros). tests/test_gpu_hopper.py
-compares both. Dense batches with one row per query only (not GQA packed into rows, not varlen).
+Same bits as FA4's tiling: a row's KV tiles keep their order. A tile it no longer visits, or one
+it now visits first (a left window can add one), is masked whole for that row: its P is 0, it
+adds exact zeros, and the running max it leaves is -inf, which FA4's online softmax rescales
+by exactly 0 when the first visible tile comes. tests/test_gpu_hopper.py compares both tilings
+bit for bit. Dense batches with one row per query only (not GQA packed into rows, not varlen).
 """
 from __future__ import annotations
 
@@ -66,12 +71,18 @@ def _tail_aligned(seqlen_info_cls, tile_m: int):
 class _TailAlignedQ:
     """A forward kernel (FA4's sm90 forward or a subclass) with tail-aligned Q tiles."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.pack_gqa or self.mask_mod is not None:   # they place rows from m_block alone
+            raise ValueError("tail-aligned Q tiles need one row per query and no mask_mod "
+                             f"(pack_gqa={self.pack_gqa}, mask_mod={self.mask_mod})")
+
     def load(self, *args, **kwargs):
         return super().load(**self._shifted(FlashAttentionForwardSm90.load, args, kwargs))
 
     def mma(self, *args, **kwargs):
         arguments = self._shifted(FlashAttentionForwardSm90.mma, args, kwargs)
-        self._out = arguments["aux_data"].tensors[-1]   # trace-time: O as (batch, seqlen, head, dim)
+        self._out = arguments["aux_data"].tensors[-1]   # trace-time: O as (batch, seqlen, head, dim / 2) int32
         return super().mma(**arguments)
 
     def _shifted(self, method, args, kwargs) -> dict:
@@ -114,16 +125,19 @@ class _TailAlignedQ:
     def _store_top_tile(self, acc_O, seqlen, tiled_mma, tidx, m_block, head_idx, batch_idx):
         """O of the top tile (the one holding rows above the sequence; other tiles store nothing
         here), per thread from its accumulator, rows above the sequence skipped."""
-        mO, first_row = self._out, m_block * self.tile_m - seqlen.q_shift
+        # A thread's accumulator holds columns in adjacent pairs (c, c + 1): one 32-bit store a
+        # pair, into O seen as int32 words (fwd_sm90 hands it in so).
+        mO_words, first_row = self._out, m_block * self.tile_m - seqlen.q_shift
         coords = tiled_mma.get_slice(tidx).partition_C(cute.domain_offset(
             (first_row, 0), cute.make_identity_tensor((self.tile_m, self.tile_hdimv))))
         rO = cute.make_fragment_like(acc_O, self.dtype)
         if first_row < 0:
             rO.store(acc_O.load().to(rO.element_type))
-            for i in cutlass.range_constexpr(cute.size(rO)):
-                row, col = coords[i]
+            rO_words = cute.recast_tensor(rO, Int32)
+            for i in cutlass.range_constexpr(cute.size(rO_words)):
+                row, col = coords[2 * i]
                 if row >= 0:
-                    mO[batch_idx, row, head_idx, col] = rO[i]
+                    mO_words[batch_idx, row, head_idx, col // 2] = rO_words[i]
 
 
 @functools.lru_cache(maxsize=None)

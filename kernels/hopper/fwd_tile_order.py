@@ -59,8 +59,10 @@ class ForwardTiles:
         return -(-(self.seqlen_q * self.rows_per_query + self.q_shift) // self.tile_m)
 
     def kv_steps(self, block: int) -> int:
-        """KV tiles Q tile `block` visits (bottom-right aligned masks, as the kernel's). A tile's
-        first row may lie above the sequence (q_shift): the kernel bounds its KV tiles from there."""
+        """KV steps the kernel runs for Q tile `block` (bottom-right aligned masks, as the
+        kernel's): the KV tiles its rows see, and one where they see none (FA4's forward always
+        runs a tile's first step). A tile's first row may lie above the sequence (q_shift): the
+        kernel bounds its KV tiles from there."""
         first_row = block * self.tile_m // self.rows_per_query - self.q_shift
         last_row = min(((block + 1) * self.tile_m - 1) // self.rows_per_query - self.q_shift, self.seqlen_q - 1)
         shift = self.seqlen_k - self.seqlen_q
@@ -71,7 +73,7 @@ class ForwardTiles:
         if self.window_left is not None:
             lo = max(lo, first_row + shift - self.window_left)
         if hi <= lo:
-            return 0
+            return 1
         return -(-hi // self.tile_n) - lo // self.tile_n
 
     @property
@@ -98,7 +100,7 @@ def tail_shift(tiles: ForwardTiles, multiple: int = 1) -> int:
     tiles, 27 steps instead of 32) and is a multiple of `multiple` (dropout's mask is drawn in
     16-row groups), else 0. Only with one row per query (GQA heads packed into the rows would
     move by a fraction of a query)."""
-    shift = -tiles.seqlen_q % tiles.tile_m
+    shift = -tiles.seqlen_q % tiles.tile_m   # the kernel computes this same shift from the length itself
     if tiles.rows_per_query != 1 or tiles.q_shift or not shift or shift % multiple:
         return 0
     return shift if total_steps(replace(tiles, q_shift=shift)) < total_steps(tiles) else 0
