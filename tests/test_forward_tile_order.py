@@ -92,8 +92,8 @@ def test_work_table_layout():
 
 
 def test_l2_section_is_a_power_of_two_of_heads_that_fit():
-    assert ForwardTiles(1, 16, 16384, 16384, 128, 128, 128, causal=True).l2_section == 4   # 8 MiB a head
-    assert ForwardTiles(16, 32, 1024, 1024, 64, 192, 128, causal=True).l2_section == 128
+    assert ForwardTiles(1, 16, 16384, 16384, 128, 128, 128, causal=True).l2_section == 2   # 8 MiB a head
+    assert ForwardTiles(16, 32, 1024, 1024, 64, 192, 128, causal=True).l2_section == 64
     assert ForwardTiles(1, 1, 1 << 20, 1 << 20, 128, 128, 128, causal=True).l2_section == 1
 
 

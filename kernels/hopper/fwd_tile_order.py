@@ -13,7 +13,7 @@ shape, so no counter is shared at run time. A tile's output does not depend on w
 computes it (each tile is one CTA's work from start to end), so the order moves no bits.
 
 L2: tiles are dealt section by section, a section being as many (batch, head) pairs as keep
-their K and V in about 50 MB of L2 (the CTAs at work at one time then read few heads' K/V); inside a
+their K and V in about 25 MB of L2 (the CTAs at work at one time then read few heads' K/V); inside a
 section longest first, ties head by head, a head's Q tiles next to each other.
 
 The table (`work_table`): ctas + 1 start offsets, then every tile's linear id
@@ -26,7 +26,10 @@ import heapq
 from dataclasses import dataclass, replace
 
 TILE_OVERHEAD = 1     # a tile's set-up and epilogue, in KV steps, for dealing the tiles
-L2_BYTES = 50 * 1024 * 1024
+# Half the H100's 50 MB L2: sections of 25 MB ran 2-4 % faster than 50 MB at 1k-4k causal, hdim 64
+# and 128, and than 6 or 12 MB at most points (docs/benchmarks/fwd-l2-2026-11-25-h100/); an L2
+# half is one of the chip's two L2 partitions.
+L2_BYTES = 25 * 1024 * 1024
 # Up to this mean of KV steps per tile the persistent grid is the faster one (H100, hdim 64/128,
 # docs/benchmarks/fwd-dealt-2026-11-24-h100/): +3-16 % at means of 4.5-17.5 steps (1k-4k causal,
 # 1k full), a tie at 16 (hdim 128 full 2k); from 32 on a tie to -6 % (FA4's kernel runs one tile
