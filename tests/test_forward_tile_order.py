@@ -97,16 +97,18 @@ def test_l2_section_is_a_power_of_two_of_heads_that_fit():
     assert ForwardTiles(1, 1, 1 << 20, 1 << 20, 128, 128, 128, causal=True).l2_section == 1
 
 
-def test_the_persistent_grid_is_taken_where_tiles_are_short():
+def test_the_persistent_grid_is_taken_where_it_pays():
     def shape(seqlen, causal, head_dim=128):
         tm = 128 if head_dim == 128 else 192
         return ForwardTiles(16384 // seqlen, 2048 // head_dim, seqlen, seqlen, head_dim, tm, 128, causal=causal)
 
-    assert persistent_pays(shape(1024, True)) and persistent_pays(shape(2048, False))
-    assert persistent_pays(shape(4096, True)) and persistent_pays(shape(2048, True, head_dim=64))
-    assert not persistent_pays(shape(8192, True)) and not persistent_pays(shape(4096, False))
+    assert all(persistent_pays(shape(s, True, d)) for s in (1024, 4096, 16384) for d in (64, 128))   # causal
+    assert all(persistent_pays(shape(s, False, 64)) for s in (1024, 4096, 16384))                  # full, hdim 64
+    assert persistent_pays(shape(2048, False)) and not persistent_pays(shape(4096, False))         # full, hdim 128
     at_the_bar = shape(128 * PERSISTENT_MAX_MEAN_STEPS, False)
     assert persistent_pays(at_the_bar) and not persistent_pays(shape(128 * PERSISTENT_MAX_MEAN_STEPS + 128, False))
+    windowed = ForwardTiles(1, 16, 16384, 16384, 128, 128, 128, causal=False, window_left=4096, window_right=4096)
+    assert not persistent_pays(windowed)   # a wide band: long tiles of equal length, as full masks
 
 
 def test_tail_aligned_tiles_end_on_the_last_query_where_that_cuts_steps():

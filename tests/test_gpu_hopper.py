@@ -138,17 +138,19 @@ def test_persistent_forward_bitwise_equal_over_many_passes_under_another_process
     assert bad == 0
 
 
-def test_auto_takes_the_persistent_forward_where_tiles_are_short(forward_grid):
-    """`auto` picks the persistent grid at 1k (short tiles) and FA4's at 16k causal, and each
-    call repeats its bits (the work table is built once per shape and kept)."""
+def test_auto_takes_the_persistent_forward_where_it_pays(forward_grid):
+    """`auto` picks the persistent grid for causal masks (1k and 16k) and FA4's grid for a full
+    mask at hdim 128 16k (fwd_tile_order.persistent_pays), and each call repeats its bits (the
+    work table is built once per shape and kept)."""
     from dash_plugin.kernels.hopper import fwd_sm90
-    for seqlen, persistent in ((1024, True), (16384, False)):
+    for seqlen, causal, persistent in ((1024, True, True), (16384, True, True), (16384, False, False)):
         q, k, v = (torch.randn(16384 // seqlen, seqlen, 16, 128, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))
-        assert bool(fwd_sm90.plan_of(q, k, v, causal=True).ctas) == persistent
-        first = forward_grid("auto", q, k, v, softmax_scale=128 ** -0.5, causal=True)
-        again = forward_grid("auto", q, k, v, softmax_scale=128 ** -0.5, causal=True)
-        other = forward_grid("one-tile" if persistent else "persistent", q, k, v, softmax_scale=128 ** -0.5, causal=True)
+        assert bool(fwd_sm90.plan_of(q, k, v, causal=causal).ctas) == persistent
+        first = forward_grid("auto", q, k, v, softmax_scale=128 ** -0.5, causal=causal)
+        again = forward_grid("auto", q, k, v, softmax_scale=128 ** -0.5, causal=causal)
+        other = forward_grid("one-tile" if persistent else "persistent", q, k, v, softmax_scale=128 ** -0.5,
+                             causal=causal)
         assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(first, again, other))
 
 

@@ -30,11 +30,14 @@ TILE_OVERHEAD = 1     # a tile's set-up and epilogue, in KV steps, for dealing t
 # and 128, and than 6 or 12 MB at most points (docs/benchmarks/fwd-l2-2026-11-25-h100/); an L2
 # half is one of the chip's two L2 partitions.
 L2_BYTES = 25 * 1024 * 1024
-# Up to this mean of KV steps per tile the persistent grid is the faster one (H100, hdim 64/128,
-# docs/benchmarks/fwd-dealt-2026-11-24-h100/): +3-16 % at means of 4.5-17.5 steps (1k-4k causal,
-# 1k full), a tie at 16 (hdim 128 full 2k); from 32 on a tie to -6 % (FA4's kernel runs one tile
-# straight through on its own grid, and its code for a run of tiles is slower per step on full
-# masks). The bar sits between the two.
+# Where the persistent grid is the faster one (H100; docs/benchmarks/fwd-dealt-2026-11-24-h100/,
+# fwd-grid-2026-11-25-h100/):
+# - causal masks at every length: +3-16 % at 1k-4k, and at 8k-16k +4-5 % at hdim 128 (where
+#   FA4's grid leaves its last wave of long tiles half empty) and +0-1 % at hdim 64;
+# - full masks at hdim 64 at every length (+1.5-4 % at 4k-16k);
+# - full masks at hdim 128 up to this mean of KV steps per tile: +2 % at 1k, a tie at 2k (16
+#   steps), -4 to -6 % from 4k (32 steps) on, where FA4's kernel runs one tile straight through
+#   and its code for a run of tiles is slower per step. The bar sits between the two.
 PERSISTENT_MAX_MEAN_STEPS = 24
 
 
@@ -93,7 +96,9 @@ def total_steps(tiles: ForwardTiles) -> int:
 
 
 def persistent_pays(tiles: ForwardTiles) -> bool:
-    """Whether the persistent grid is the faster one for this shape (PERSISTENT_MAX_MEAN_STEPS)."""
+    """Whether the persistent grid is the faster one for this shape (see PERSISTENT_MAX_MEAN_STEPS)."""
+    if tiles.causal or tiles.head_dim <= 64:
+        return True
     return total_steps(tiles) <= PERSISTENT_MAX_MEAN_STEPS * tiles.num_block
 
 
