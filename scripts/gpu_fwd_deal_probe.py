@@ -1,7 +1,9 @@
 """The persistent Hopper forward with its tiles dealt under other values of one of
 kernels/hopper/fwd_tile_order.py's constants (L2_BYTES, TILE_OVERHEAD), side by side.
 
-Per point, on the same inputs in one process: each value's work table is built once (the first
+The forward runs on the persistent grid at every point (fwd_sm90.GRID), as the product does
+wherever the deal matters. Per point, on the same inputs in one process: each value's work table
+is built once (the first
 value is the one compared against), the outputs of all values are compared bit for bit (a deal
 moves tiles between CTAs, never bits), then forward TFLOP/s of every value, once per round over
 interleaved rounds, the median kept. The timed calls only swap the plans that were built; nothing
@@ -42,6 +44,7 @@ def main():
     args = ap.parse_args()
     name, values = args.values
     original = getattr(fwd_tile_order, name)
+    fwd_sm90.GRID = "persistent"   # a deal exists only there (auto would run FA4's grid at some points)
     for point in args.points:
         d, mask, s = point.split(":")
         d, s, causal = int(d), int(s), mask == "causal"
@@ -71,7 +74,8 @@ def main():
             return run
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
         times = time_rounds({value: with_plans(plans[value]) for value in values}, args.rounds)
-        print(f"d{d} {mask} {s} same_bits {same}: " + " ".join(
+        plan = fwd_sm90.plan_of(q, k, v, causal=causal)
+        print(f"d{d} {mask} {s} (persistent, q_shift {plan.q_shift}) same_bits {same}: " + " ".join(
             f"{name}={value} " + (f"{flops / median_ms(ts) / 1e9:.1f} {[round(flops / t / 1e9, 1) for t in ts]}"
                                   if ts else "failed")
             for value, ts in times.items()), flush=True)

@@ -3,8 +3,10 @@ one-tile-per-CTA grid, with and without tail-aligned Q tiles (fwd_tail_aligned.p
 `auto` picks.
 
 Per point, on the same inputs in one process: the output and LSE of the persistent grid compared
-bit for bit with FA4's grid (with dropout too at the first point), and of tail-aligned tiles with
-FA4's tiling where the point moves them; then forward TFLOP/s of the chosen columns (the grids
+bit for bit with FA4's grid (with dropout too at the first point), of tail-aligned tiles with
+FA4's tiling where the point moves them, and of the product with the `fa4` column when it is
+timed. The `one-tile` and `persistent` columns run with tail-aligned tiles where the point moves
+them (FA4's tiling is `fa4` or `auto-fa4-tiling`); then forward TFLOP/s of the chosen columns (the grids
 as named, `auto` as the product runs, `auto-fa4-tiling` the same without tail alignment, `fa4`
 FA4's kernel on its own grid with its tiling, SDPA's cuDNN backend), every column once per round over interleaved rounds, the median kept. 16k
 tokens per point, model dim 2048, bf16.
@@ -99,6 +101,9 @@ def main():
         if row["q_shift"]:
             row["same_bits, FA4's tiling"] = same_bits(forward(q, k, v, "auto", causal, **drop),
                                                        forward(q, k, v, "auto", causal, tail_align=False, **drop))
+        if "fa4" in columns:   # the timed FA4 column gives the product's bits
+            row["same_bits, FA4's kernel"] = same_bits(column("auto", q, k, v, causal, drop)(),
+                                                       column("fa4", q, k, v, causal, drop)())
         if n == 0:   # the other side of dropout too: the same mask and bits on both grids
             other = {} if drop else dict(dropout_p=0.1, seed=7)
             row["same_bits, dropout " + ("off" if drop else "on")] = same_bits(

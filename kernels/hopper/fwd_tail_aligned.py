@@ -43,6 +43,7 @@ from flash_attn.cute.seqlen_info import SeqlenInfoQK
 
 from .dropout_sm90 import tile_coords
 from .fa4_calls import call_arguments
+from .fwd_tile_order import rows_above
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def _tail_aligned(seqlen_info_cls, tile_m: int):
     """A drop-in for FA4's per-tile SeqlenInfoCls(batch_idx) giving TailAlignedSeqlen."""
     def create(batch_idx):
         info = seqlen_info_cls(batch_idx)
-        shift = (tile_m - info.seqlen_q % tile_m) % tile_m
+        shift = rows_above(info.seqlen_q, tile_m)
         values = {f.name: getattr(info, f.name) for f in fields(info)}
         values["seqlen_q"] = info.seqlen_q + shift
         return TailAlignedSeqlen(**values, q_shift=shift, view_shift=shift)

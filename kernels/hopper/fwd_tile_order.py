@@ -8,7 +8,7 @@ them all), and dealing them round-robin leaves some CTAs with up to 16 % more wo
 average (hdim 128 causal 16k, 132 CTAs). The lists here are what a dynamic scheduler would
 produce, worked out on the host: the tiles go out longest first, each to the CTA that would be
 free first, counting a tile's KV steps plus one for its set-up (`TILE_OVERHEAD`). The result is
-within a fraction of a percent of the average at the protocol's shapes, and it is fixed per
+within 0.5-3 % of the average at the protocol's shapes, and it is fixed per
 shape, so no counter is shared at run time. A tile's output does not depend on which CTA
 computes it (each tile is one CTA's work from start to end), so the order moves no bits.
 
@@ -26,17 +26,18 @@ import heapq
 from dataclasses import dataclass, replace
 
 TILE_OVERHEAD = 1     # a tile's set-up and epilogue, in KV steps, for dealing the tiles
-# Half the H100's 50 MB L2: sections of 25 MB ran 2-4 % faster than 50 MB at 1k-4k causal, hdim 64
-# and 128, and than 6 or 12 MB at most points (docs/benchmarks/fwd-l2-2026-11-25-h100/); an L2
-# half is one of the chip's two L2 partitions.
+# Half the H100's 50 MB L2: sections of 25 MB ran 1.6-4.0 % faster than 50 MB at 1k-4k causal,
+# hdim 64 and 128, and were the best or within 1.1 % of the best of 6, 12, 25 and 50 MB there; at
+# 8k-16k the sizes tie (docs/benchmarks/fwd-l2-2026-11-25-h100/). An L2 half is one of the chip's
+# two L2 partitions.
 L2_BYTES = 25 * 1024 * 1024
 # Where the persistent grid is the faster one (H100; docs/benchmarks/fwd-dealt-2026-11-24-h100/,
 # fwd-grid-2026-11-25-h100/):
 # - causal masks at every length: +3-16 % at 1k-4k, and at 8k-16k +4-5 % at hdim 128 (where
 #   FA4's grid leaves its last wave of long tiles half empty) and +0-1 % at hdim 64;
 # - full masks at hdim 64 at every length (+1.5-4 % at 4k-16k);
-# - full masks at hdim 128 up to this mean of KV steps per tile: +2 % at 1k, a tie at 2k (16
-#   steps), -4 to -6 % from 4k (32 steps) on, where FA4's kernel runs one tile straight through
+# - full masks at hdim 128 up to this mean of KV steps per tile: +2-4 % at 1k, a tie at 2k (16
+#   steps), -2 to -6 % from 4k (32 steps) on, where FA4's kernel runs one tile straight through
 #   and its code for a run of tiles is slower per step. The bar sits between the two.
 PERSISTENT_MAX_MEAN_STEPS = 24
 
@@ -102,13 +103,20 @@ def persistent_pays(tiles: ForwardTiles) -> bool:
     return total_steps(tiles) <= PERSISTENT_MAX_MEAN_STEPS * tiles.num_block
 
 
+def rows_above(seqlen_q, tile_m):
+    """Rows the first Q tile starts above the sequence when the last tile ends on the last query.
+    The host's rule (tail_shift) and the kernel (fwd_tail_aligned.py, on its run-time length)
+    both compute it here, so the two cannot drift apart."""
+    return (tile_m - seqlen_q % tile_m) % tile_m
+
+
 def tail_shift(tiles: ForwardTiles, multiple: int = 1) -> int:
     """Rows to move the Q tiles up so that the last one ends on the last query, where that cuts
     the KV steps (a causal mask whose length is no multiple of tile_m: at 1k tokens and 192-row
     tiles, 27 steps instead of 32) and is a multiple of `multiple` (dropout's mask is drawn in
     16-row groups), else 0. Only with one row per query (GQA heads packed into the rows would
     move by a fraction of a query)."""
-    shift = -tiles.seqlen_q % tiles.tile_m   # the kernel computes this same shift from the length itself
+    shift = rows_above(tiles.seqlen_q, tiles.tile_m)
     if tiles.rows_per_query != 1 or tiles.q_shift or not shift or shift % multiple:
         return 0
     return shift if total_steps(replace(tiles, q_shift=shift)) < total_steps(tiles) else 0
