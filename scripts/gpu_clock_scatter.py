@@ -8,6 +8,7 @@ rounds.json beside the samples (smi.csv), to be lined up afterwards.
 On an H100 (docs/benchmarks/clocks-2026-11-25-h100/) the low rounds were the ones timed while
 the power cap pulled the clock down as the board's power ramped up.
 """
+import functools
 import json
 import os
 import subprocess
@@ -18,9 +19,11 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from dash_plugin import dispatch  # noqa: E402
 from dash_plugin.bench.protocol import bwd_flops, random_inputs  # noqa: E402
 from dash_plugin.kernels.hopper import fwd_sm90  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu_hopper_bwd import ours  # noqa: E402
 
 POINTS = [(64, False, 16384, "atomic"), (64, True, 8192, "spt")]   # (head dim, causal, seqlen, schedule)
 
@@ -37,10 +40,7 @@ def main(out_dir):
                 q, k, v, do = random_inputs(hd, s, 4)
                 out, lse = fwd_sm90.attention_forward(q, k, v, softmax_scale=hd ** -0.5, causal=causal)
 
-                def call():
-                    return dispatch.attention_backward(do, q, k, v, out, lse, softmax_scale=hd ** -0.5, causal=causal,
-                                                       schedule=sched, backend="hopper",
-                                                       deterministic=sched != "atomic")
+                call = functools.partial(ours, sched, q, k, v, out, lse, do, causal)
                 call()
                 torch.cuda.synchronize()
                 for _ in range(12):

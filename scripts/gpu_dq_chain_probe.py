@@ -44,17 +44,15 @@ import os
 import sys
 
 import torch
-import triton
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from dash_plugin import dispatch  # noqa: E402
 from dash_plugin.bench.clocks import ClockMonitor  # noqa: E402
 from dash_plugin.bench.protocol import bwd_flops, random_inputs  # noqa: E402
 from dash_plugin.kernels.hopper import bwd_sm90, fwd_sm90  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from gpu_dq_wait_probe import parse_point  # noqa: E402
-from gpu_hopper_bwd import median_ms, time_rounds  # noqa: E402
+from gpu_hopper_bwd import fa4_bwd, median_ms, ours, time_rounds  # noqa: E402
 
 # (head dim, causal, seqlen, schedule): the Hopper table's choice at each point
 POINTS = [(128, True, 2048, "descending"), (128, True, 16384, "descending"), (128, False, 1024, "shift"),
@@ -75,13 +73,6 @@ VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False), "read-a
 assert all(set(v) <= set(_PRODUCT) for v in VARIANTS.values())
 
 
-def _fa4_deterministic(q, k, v, out, do, lse, causal):
-    """FA4's own deterministic backward (the same kernel with FA4's dQ writer) from our out/lse."""
-    from flash_attn.cute.interface import _flash_attn_bwd
-    return _flash_attn_bwd(q, k, v, out, do, lse, softmax_scale=q.shape[-1] ** -0.5, causal=causal,
-                           deterministic=True)
-
-
 def _variant_list(text):
     names = text.split(",")
     unknown = [n for n in names if n not in VARIANTS]
@@ -90,9 +81,15 @@ def _variant_list(text):
     return names
 
 
+_switches_set = [None]   # the variant's switches now on the class (None: not known)
+
+
 def _set_switches(kernel, switches):
+    if _switches_set[0] is switches:   # a round's calls of one variant follow each other: nothing to change
+        return
     for name, value in dict(_PRODUCT, **switches).items():
         setattr(kernel, name, value)
+    _switches_set[0] = switches
 
 
 def main(out_dir, points=None, variants=None, rounds=1):
@@ -100,27 +97,24 @@ def main(out_dir, points=None, variants=None, rounds=1):
     variants = {name: VARIANTS[name] for name in (variants or VARIANTS)}
     kernel = bwd_sm90.OrderedBackwardSm90
     os.makedirs(out_dir, exist_ok=True)
-    inputs = {}
-    for hd, causal, s, _ in points:
+    inputs, flops = {}, {}
+    for hd, causal, s, sched in points:
         q, k, v, do = random_inputs(hd, s, 4)
         out, lse = fwd_sm90.attention_forward(q, k, v, softmax_scale=hd ** -0.5, causal=causal)
-        inputs[(hd, causal, s)] = (q, k, v, do, out, lse)
-    calls, flops = {}, {}
+        name = f"hdim{hd} {'causal' if causal else 'full'} {s} {sched}"
+        inputs[name] = (sched, causal, (q, k, v, out, lse, do))
+        flops[name] = bwd_flops(q.shape[0], q.shape[2], s, hd, causal)
+    calls = {}
     for variant, switches in variants.items():
-        for hd, causal, s, sched in points:
-            q, k, v, do, out, lse = inputs[(hd, causal, s)]
-            name = f"hdim{hd} {'causal' if causal else 'full'} {s} {sched}"
-            flops[name] = bwd_flops(q.shape[0], q.shape[2], s, hd, causal)
-            schedule = "atomic" if variant == "atomic" else sched
+        for name, (sched, causal, tensors) in inputs.items():
             if variant == "fa4-det":
                 if sched != ("spt" if causal else "ascending"):
                     continue   # FA4's deterministic mode runs one order per mask
-                calls[(variant, name)] = functools.partial(_fa4_deterministic, q, k, v, out, do, lse, causal)
+                calls[(variant, name)] = functools.partial(fa4_bwd, *tensors, causal, True)
             else:
-                calls[(variant, name)] = functools.partial(
-                    _with_switches, kernel, switches, dispatch.attention_backward, do, q, k, v, out, lse,
-                    softmax_scale=hd ** -0.5, causal=causal, schedule=schedule, backend="hopper",
-                    deterministic=schedule != "atomic")
+                schedule = "atomic" if variant == "atomic" else sched
+                calls[(variant, name)] = functools.partial(_with_switches, kernel, switches, ours, schedule,
+                                                           *tensors, causal)
     # The switches are class attributes read at compile time and part of the compile key, so
     # every variant's kernels live side by side: one untimed call each compiles them, then the
     # rounds interleave the variants (a slow spell of the GPU, such as the power cap's clock dips,
@@ -129,7 +123,7 @@ def main(out_dir, points=None, variants=None, rounds=1):
         call()
     with ClockMonitor(torch.device("cuda")) as monitor:
         lowest = {}
-        times = time_rounds(calls, rounds, monitor if monitor.reason is None else None, lowest)
+        times = time_rounds(calls, rounds, monitor.recording, lowest)
     _set_switches(kernel, {})
     results = {name: {} for name in flops}
     for (variant, name), ts in times.items():

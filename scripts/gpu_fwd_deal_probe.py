@@ -20,7 +20,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
+from gpu_fwd_persistent import same_bits  # noqa: E402
 from gpu_hopper_bwd import median_ms, time_rounds  # noqa: E402
+from dash_plugin.bench.protocol import fwd_flops  # noqa: E402
 from dash_plugin.kernels.hopper import fwd_sm90, fwd_tile_order  # noqa: E402
 
 KNOBS = ("L2_BYTES", "TILE_OVERHEAD")
@@ -64,7 +66,7 @@ def main():
         finally:
             setattr(fwd_tile_order, name, original)
             fwd_sm90._plans.clear()
-        same = all(torch.equal(o, r) for value in values for o, r in zip(outputs[value], outputs[values[0]]))
+        same = all(same_bits(outputs[value], outputs[values[0]]) for value in values)
 
         def with_plans(table):
             def run():
@@ -72,7 +74,7 @@ def main():
                 fwd_sm90._plans.update(table)
                 return forward()
             return run
-        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        flops = fwd_flops(b, h, s, d, causal)
         times = time_rounds({value: with_plans(plans[value]) for value in values}, args.rounds)
         plan = fwd_sm90.plan_of(q, k, v, causal=causal)
         print(f"d{d} {mask} {s} (persistent, q_shift {plan.q_shift}) same_bits {same}: " + " ".join(

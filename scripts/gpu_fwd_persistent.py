@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 from gpu_hopper_bwd import gpu_environment, median_ms, time_rounds  # noqa: E402
+from dash_plugin.bench.protocol import fwd_flops  # noqa: E402
 from dash_plugin.kernels.hopper import fwd_sm90  # noqa: E402
 
 POINTS = ",".join(f"{d}:{m}:{s}" for d in (128, 64) for m in ("causal", "full") for s in (1024, 2048, 4096, 16384))
@@ -92,23 +93,21 @@ def main():
         g = torch.Generator(device="cuda").manual_seed(5)
         q = torch.randn(b, s, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
         k, v = (torch.randn(b, s, hq // args.gqa, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        plan = fwd_sm90.plan_of(q, k, v, causal=causal, dropout_p=args.dropout)
         row = {"hdim": d, "mask": mask, "seqlen": s, "gqa": args.gqa,
-               "auto takes": "persistent" if fwd_sm90.plan_of(q, k, v, causal=causal, dropout_p=args.dropout).ctas
-               else "one-tile",
-               "q_shift": fwd_sm90.plan_of(q, k, v, causal=causal, dropout_p=args.dropout).q_shift,
+               "auto takes": "persistent" if plan.ctas else "one-tile", "q_shift": plan.q_shift,
                "same_bits": same_bits(forward(q, k, v, "one-tile", causal, **drop),
                                       forward(q, k, v, "persistent", causal, **drop))}
+        product = forward(q, k, v, "auto", causal, **drop)
         if row["q_shift"]:
-            row["same_bits, FA4's tiling"] = same_bits(forward(q, k, v, "auto", causal, **drop),
-                                                       forward(q, k, v, "auto", causal, tail_align=False, **drop))
+            row["same_bits, FA4's tiling"] = same_bits(product, column("auto-fa4-tiling", q, k, v, causal, drop)())
         if "fa4" in columns:   # the timed FA4 column gives the product's bits
-            row["same_bits, FA4's kernel"] = same_bits(column("auto", q, k, v, causal, drop)(),
-                                                       column("fa4", q, k, v, causal, drop)())
+            row["same_bits, FA4's kernel"] = same_bits(product, column("fa4", q, k, v, causal, drop)())
         if n == 0:   # the other side of dropout too: the same mask and bits on both grids
             other = {} if drop else dict(dropout_p=0.1, seed=7)
             row["same_bits, dropout " + ("off" if drop else "on")] = same_bits(
                 forward(q, k, v, "one-tile", causal, **other), forward(q, k, v, "persistent", causal, **other))
-        flops = 4 * b * hq * s * s * d / (2 if causal else 1)
+        flops = fwd_flops(b, hq, s, d, causal)
         impls = {name: column(name, q, k, v, causal, drop) for name in columns}
         times = time_rounds(impls, args.repeat)
         for name, ts in times.items():

@@ -187,8 +187,7 @@ def gpu_environment() -> dict:
 
 def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True):
     with ClockMonitor(torch.device("cuda")) as clocks:
-        _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split,
-                    clocks if clocks.reason is None else None)
+        _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split, clocks.recording)
     results["clock_monitor"] = clocks.describe()
 
 

@@ -182,6 +182,8 @@ def tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, check, grid, head
     """Runs each (queries, keys) length with and without tail-aligned Q tiles; asserts equal bits,
     every output written and nothing beside; returns how many lengths moved their tiles."""
     from dash_plugin.kernels.hopper import fwd_sm90
+    monkeypatch.setattr(fwd_sm90, "GRID", grid)   # plan_of reads it (forward_grid sets it for each call)
+    plan_args = {name: mask[name] for name in ("causal", "window_left", "window_right", "dropout_p") if name in mask}
     moved = 0
     for lengths in lengths_list:
         g = torch.Generator(device="cuda").manual_seed(14)
@@ -191,9 +193,6 @@ def tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, check, grid, head
         results = {}
         for tail_align in (True, False):
             monkeypatch.setattr(fwd_sm90, "TAIL_ALIGN", tail_align)
-            monkeypatch.setattr(fwd_sm90, "GRID", grid)
-            plan_args = {name: mask[name] for name in ("causal", "window_left", "window_right", "dropout_p")
-                         if name in mask}
             results[tail_align] = (fwd_sm90.plan_of(q, k, v, **plan_args).q_shift,
                                    forward_grid(grid, q, k, v, softmax_scale=head_dim ** -0.5, **mask))
             check(results[tail_align][1])

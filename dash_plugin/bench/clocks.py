@@ -61,6 +61,9 @@ def _gpu_selector(device) -> Optional[str]:
         return None
 
 
+NOT_CUDA = "not a CUDA device"   # the reason a monitor of another device gives (the report reads it)
+
+
 class ClockMonitor:
     """Samples the SM clock of `device` every `interval_ms` while open (a context manager).
     `reason` is None while it records, else why it does not (or stopped early)."""
@@ -75,7 +78,8 @@ class ClockMonitor:
         self._thread = None
 
     def __enter__(self) -> "ClockMonitor":
-        command = self._command = self._command or self._default_command()
+        self._command = self._command or self._default_command()
+        command = self._command
         if command is None:
             return self
         try:
@@ -89,7 +93,7 @@ class ClockMonitor:
 
     def _default_command(self) -> Optional[list]:
         if getattr(self._device, "type", "cpu") != "cuda":
-            self.reason = "not a CUDA device"
+            self.reason = NOT_CUDA
             return None
         smi = shutil.which("nvidia-smi")
         if smi is None:
@@ -126,8 +130,13 @@ class ClockMonitor:
                 self.reason = f"{self._name()} gave no clock samples"
         return False
 
-    def _name(self) -> str:
-        return os.path.basename(self._command[0] if self._command else "nvidia-smi")
+    def _name(self) -> str:   # only asked once the sampler ran, so with a command
+        return os.path.basename(self._command[0])
+
+    @property
+    def recording(self) -> Optional["ClockMonitor"]:
+        """This monitor while it records, else None: what a timing loop takes as its `clocks`."""
+        return self if self.reason is None else None
 
     def describe(self) -> dict:
         """For a results file: how the clock was sampled, how often it was, and why not if not."""

@@ -12,6 +12,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
+from .clocks import NOT_CUDA
+
 MIB = 2.0 ** 20
 # Two correct bf16 implementations differ by about 1e-2 of the largest value at most (rounding
 # of out, differing accumulation orders of dq); far above that a result is wrong, however fast.
@@ -488,7 +490,7 @@ def _clock_section(results: dict) -> list[str]:
     medians, dips = clock_dips(results)
     if not medians:
         reason = monitor.get("reason")
-        if not monitor or reason == "not a CUDA device":
+        if not monitor or reason == NOT_CUDA:
             return []
         return ["", f"SM clock not recorded: {reason or 'no timing had a clock sample'}."]
     below = f"{CLOCK_DIP:.0%}".replace("%", " %")

@@ -9,12 +9,14 @@ come from one process, so every ratio in the report compares numbers taken side 
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import platform
 import statistics
 import subprocess
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -424,6 +426,29 @@ def _hang_results(results: dict, points: list[Point], impls: list[Impl], point: 
     return snapshot
 
 
+@contextmanager
+def _watchdog(seconds: Optional[float], fire: Callable[[], None]):
+    """Calls `fire` (from another thread) if the block still runs after `seconds`; none if 0/None."""
+    if not seconds:
+        yield
+        return
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _hung(log, on_hang, results, points, impls, point, impl, seconds):
+    """A cell's watchdog fired: report the results with that cell marked hung, then exit."""
+    log(f"  WATCHDOG: {impl.name} at {point.key} still running after {seconds:.0f} s")
+    if on_hang is not None:
+        on_hang(_hang_results(results, points, impls, point, impl, seconds))
+    _exit_after_hang()
+
+
 def run_benchmark(points: list[Point], impls: list[Impl], device: torch.device, settings: Settings, *,
                   unavailable: Optional[dict] = None, config: Optional[dict] = None,
                   max_minutes: Optional[float] = None, log: Callable[[str], None] = print,
@@ -458,7 +483,7 @@ def run_benchmark(points: list[Point], impls: list[Impl], device: torch.device, 
     # The SM clock during each timing: a Hopper board at its power cap dips for a few hundred
     # milliseconds as the power ramps up, and a cell timed in a dip reads 10-15 % slow (clocks.py).
     with ClockMonitor(device) as clocks:
-        sampled = clocks if clocks.reason is None else None
+        sampled = clocks.recording
         for n, point in enumerate(points, 1):
             log(f"[{n}/{len(points)}] {point.key}: B={point.batch} S={point.seqlen} Hq={point.heads_q} "
                 f"Hkv={point.heads_kv} D={point.hdim} {point.mask} {point.dtype}")
@@ -474,21 +499,9 @@ def run_benchmark(points: list[Point], impls: list[Impl], device: torch.device, 
                                              "error": stop_reason})
                     continue
                 log(f"  ({done}/{total}) {impl.name} ...")
-                watchdog = None
-                if cell_timeout_s:
-                    def fire(point=point, impl=impl):
-                        log(f"  WATCHDOG: {impl.name} at {point.key} still running after {cell_timeout_s:.0f} s")
-                        if on_hang is not None:
-                            on_hang(_hang_results(results, points, impls, point, impl, cell_timeout_s))
-                        _exit_after_hang()
-                    watchdog = threading.Timer(cell_timeout_s, fire)
-                    watchdog.daemon = True
-                    watchdog.start()
-                try:
+                hung = functools.partial(_hung, log, on_hang, results, points, impls, point, impl, cell_timeout_s)
+                with _watchdog(cell_timeout_s, hung):
                     cell, ref = run_cell(impl, point, inputs, device, settings, reference, sampled)
-                finally:
-                    if watchdog is not None:
-                        watchdog.cancel()
                 if reference is None and ref is not None:
                     reference = ref
                 results["cells"].append(cell)

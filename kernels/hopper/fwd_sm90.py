@@ -99,8 +99,6 @@ def _dense_plan(q_shape, k_shape, element_bytes, key, windows, grid: str, tail_a
         cfg.n_block_size, causal, *windows, rows_per_query=group if packed else 1, element_bytes=element_bytes)
     if tail_align:   # dropout's mask is drawn in 16-row groups, which a shift must keep whole
         tiles = replace(tiles, q_shift=fwd_tile_order.tail_shift(tiles, multiple=16 if dropout else 1))
-        # the compiled kernel knows only that the tiles move and computes by how much from the length
-        assert tiles.q_shift in (0, fwd_tile_order.rows_above(seqlen_q, cfg.m_block_size)), tiles
     persistent = grid != "one-tile" and fwd_persistent.fits(head_dim, cfg.mma_pv_is_rs, varlen=False) and (
         grid == "persistent" or fwd_tile_order.persistent_pays(tiles))
     if not persistent:

@@ -95,24 +95,28 @@ class _TailAlignedQ:
     def epilogue(self, *args, **kwargs):
         arguments = call_arguments(FlashAttentionForwardSm90.epilogue, self, args, kwargs)
         del arguments["self"]
-        seqlen, m_block = arguments["seqlen"], arguments["m_block"]
+        seqlen = arguments["seqlen"]
         tile_place = [arguments[name] for name in ("seqlen", "tiled_mma", "tidx", "m_block", "head_idx", "batch_idx")]
         if cutlass.const_expr(arguments["mLSE"] is not None):
             self._store_lse(arguments["lse"], arguments["mLSE"], *tile_place)
         # only block 0 can hold rows above the sequence (q_shift < tile_m)
-        top = m_block * self.tile_m < seqlen.q_shift
+        top = arguments["m_block"] * self.tile_m < seqlen.q_shift
         past_end = seqlen.seqlen_q + self.tile_m   # taken off the view's shift: the whole box lies past the end
         o_view = replace(seqlen, view_shift=seqlen.q_shift - cutlass.select_(top, past_end, Int32(0)))
         super().epilogue(**dict(arguments, mLSE=None, seqlen=o_view))
         # after FA4's epilogue: acc_O holds what it stored (dropout's scale applied)
         self._store_top_tile(arguments["acc_O"], *tile_place)
 
+    def _first_row(self, seqlen, m_block):
+        """The query of Q tile `m_block`'s first row (negative above the sequence)."""
+        return m_block * self.tile_m - seqlen.q_shift
+
     @cute.jit
     def _store_lse(self, lse, mLSE, seqlen, tiled_mma, tidx, m_block, head_idx, batch_idx):
         """Each row's LSE from the thread holding its column 0, rows above the sequence skipped
         (mLSE is (seqlen, head, batch); its row r is the query r)."""
         rows = tile_coords(tiled_mma.get_slice(tidx), (self.tile_m, self.tile_hdimv),
-                           (m_block * self.tile_m - seqlen.q_shift, 0))
+                           (self._first_row(seqlen, m_block), 0))
         mLSE_cur = mLSE[None, head_idx, batch_idx]
         if rows[0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
@@ -121,14 +125,13 @@ class _TailAlignedQ:
                     if row < seqlen.seqlen_q - seqlen.q_shift:
                         mLSE_cur[row] = lse[r]
 
-
     @cute.jit
     def _store_top_tile(self, acc_O, seqlen, tiled_mma, tidx, m_block, head_idx, batch_idx):
         """O of the top tile (the one holding rows above the sequence; other tiles store nothing
         here), per thread from its accumulator, rows above the sequence skipped."""
         # A thread's accumulator holds columns in adjacent pairs (c, c + 1): one 32-bit store a
         # pair, into O seen as int32 words (fwd_sm90 hands it in so).
-        mO_words, first_row = self._out, m_block * self.tile_m - seqlen.q_shift
+        mO_words, first_row = self._out, self._first_row(seqlen, m_block)
         coords = tiled_mma.get_slice(tidx).partition_C(cute.domain_offset(
             (first_row, 0), cute.make_identity_tensor((self.tile_m, self.tile_hdimv))))
         rO = cute.make_fragment_like(acc_O, self.dtype)

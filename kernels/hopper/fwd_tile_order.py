@@ -117,7 +117,7 @@ def tail_shift(tiles: ForwardTiles, multiple: int = 1) -> int:
     16-row groups), else 0. Only with one row per query (GQA heads packed into the rows would
     move by a fraction of a query)."""
     shift = rows_above(tiles.seqlen_q, tiles.tile_m)
-    if tiles.rows_per_query != 1 or tiles.q_shift or not shift or shift % multiple:
+    if tiles.rows_per_query != 1 or not shift or shift % multiple:
         return 0
     return shift if total_steps(replace(tiles, q_shift=shift)) < total_steps(tiles) else 0
 
