@@ -71,6 +71,8 @@ VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False), "read-a
             "atomic": {}, "fa4-det": {}}
 # Only switches in the compile key, so that every variant compiles its own kernels.
 assert all(set(v) <= set(_PRODUCT) for v in VARIANTS.values())
+# Variants that keep the product's order, and so must give the product's bits (checked).
+SAME_BITS = ("no-read-ahead", "read-ahead", "shift-afresh", "pairs-read", "pairs-computed")
 
 
 def _variant_list(text):
@@ -119,8 +121,8 @@ def main(out_dir, points=None, variants=None, rounds=1):
     # every variant's kernels live side by side: one untimed call each compiles them, then the
     # rounds interleave the variants (a slow spell of the GPU, such as the power cap's clock dips,
     # then hits them alike; docs/benchmarks/clocks-2026-11-25-h100/).
-    for call in calls.values():
-        call()
+    first = {key: call() for key, call in calls.items()}
+    _check_bits(first)
     with ClockMonitor(torch.device("cuda")) as monitor:
         lowest = {}
         times = time_rounds(calls, rounds, monitor.recording, lowest)
@@ -140,6 +142,17 @@ def main(out_dir, points=None, variants=None, rounds=1):
     with open(os.path.join(out_dir, "dq_chain.json"), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rounds=rounds,
                        clock_monitor=monitor.describe(), results=results), f, indent=1)
+
+
+def _check_bits(grads):
+    """The variants of SAME_BITS must give the product's gradients bit for bit: a probe that
+    times a faster kernel with other bits would time the wrong thing. Needs `ordered` timed too."""
+    for (variant, name), got in grads.items():
+        if variant in SAME_BITS and ("ordered", name) in grads:
+            want = grads[("ordered", name)]
+            if not all(torch.equal(x, y) for x, y in zip(got, want)):
+                raise SystemExit(f"{variant} at {name}: gradients differ from the product's (ordered)")
+            print(f"{variant} at {name}: same bits as ordered")
 
 
 def _with_switches(kernel, switches, fn, *args, **kwargs):
