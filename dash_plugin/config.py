@@ -205,27 +205,68 @@ def _first(field, kwarg, model_config, check):
 
 @torch.compiler.assume_constant_result   # torch.compile cannot trace warnings.warn: it runs once, when traced
 def _warn(message: str) -> bool:
-    warnings.warn(message, UserWarning, stacklevel=5)
+    warnings.warn(message, UserWarning, stacklevel=4)   # the caller of flash_attention
     return True
 
 
-def _warn_if_turned_off(said):
-    """The deciding source turns determinism off while a lower one asked for it: say so."""
+def _turned_off_warning(said):
+    """The deciding source turns determinism off while a lower one asked for it: what to say (else None)."""
     if not said or said[0][0] is not False:
-        return
+        return None
     asked = next((source for value, source in said[1:] if value), None)
-    if asked is not None:
-        _warn(f"dash_plugin: deterministic=False (from {said[0][1]}) overrides deterministic=True (from {asked}): "
-              "the attention backward may not be bit-reproducible")
+    if asked is None:
+        return None
+    return (f"dash_plugin: deterministic=False (from {said[0][1]}) overrides deterministic=True (from {asked}): "
+            "the attention backward may not be bit-reproducible")
 
 
 def resolve_config(*, schedule=None, deterministic=None, backend=None, model_config=None) -> ResolvedConfig:
     """Resolve the switch for one call. ``auto`` stays ``auto`` here; the API turns it into a
     concrete schedule and backend once it knows the shape and the inputs."""
+    key = None if torch.compiler.is_compiling() else _inputs_key(schedule, deterministic, backend, model_config)
+    hit = _resolved.get(key) if key is not None else None
+    if hit is None:
+        hit = _resolve(schedule, deterministic, backend, model_config)
+        if key is not None:
+            if len(_resolved) >= _RESOLVED_MAX:
+                _resolved.clear()
+            _resolved[key] = hit
+    resolved, warning = hit
+    if warning is not None:
+        _warn(warning)
+    return resolved
+
+
+# resolve_config's answers by everything they depend on (_inputs_key): a call costs a lookup
+# instead of walking every source of every field (about a fifth of the API's host time per call,
+# scripts/host_overhead.py). Values are (ResolvedConfig, warning or None); errors are not kept.
+_resolved: dict = {}
+_RESOLVED_MAX = 256
+
+
+def _inputs_key(schedule, deterministic, backend, model_config):
+    """Everything _resolve reads, as a hashable tuple (None: an argument that does not hash, which
+    _resolve will refuse or resolve uncached). The environment is read on every call, so a
+    variable set between calls takes effect as before."""
+    key = (schedule, deterministic, backend,
+           tuple((field, value, type(value)) for field, value in _model_entry(model_config).items()),
+           tuple(tuple(entry.values()) for entry in _context_stack()), tuple(_process_defaults.values()),
+           os.environ.get("DASH_SCHEDULE"), os.environ.get("DASH_BACKEND"), os.environ.get("DASH_DETERMINISTIC"),
+           os.environ.get("FLASH_ATTENTION_DETERMINISTIC"), torch.are_deterministic_algorithms_enabled())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    # True == 1 and hash alike: keep the types apart, so deterministic=1 is still refused.
+    return key + (type(schedule), type(deterministic), type(backend))
+
+
+def _resolve(schedule, deterministic, backend, model_config):
+    """(ResolvedConfig, the warning the deciding sources call for or None), from every source."""
     sched, sched_src = _first("schedule", schedule, model_config, check_schedule)
     said = _sources("deterministic", deterministic, model_config, check_deterministic)
     det, det_src = said[0] if said else (None, "default")
-    _warn_if_turned_off(said)
+    warning = _turned_off_warning(said)
     back, back_src = _first("backend", backend, model_config, check_backend)
     if sched is None:
         sched = "auto" if det is not False else "atomic"
@@ -240,7 +281,7 @@ def resolve_config(*, schedule=None, deterministic=None, backend=None, model_con
                          f"({', '.join(registry.names(deterministic=True))}, or 'auto'), or turn determinism off "
                          "explicitly.")
     return ResolvedConfig(sched, det, sched_src, det_src, backend=back or backends.AUTO,
-                          backend_source=back_src)
+                          backend_source=back_src), warning
 
 
 _last = threading.local()

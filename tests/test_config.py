@@ -251,3 +251,50 @@ def test_compiled_calls_follow_the_switch(monkeypatch):
     with pytest.warns(UserWarning, match=r"deterministic=False \(from env DASH_DETERMINISTIC\) overrides"):
         compiled(x)
     assert dash_plugin.last_resolved().deterministic is False
+
+
+def test_remembered_answers_follow_every_source(monkeypatch):
+    # resolve_config keeps its answers by everything it reads: a source changed between two
+    # calls with the same arguments must change the answer, never return the kept one.
+    first = resolve_config()
+    assert resolve_config() is first                      # kept: same sources, same answer
+    monkeypatch.setenv("DASH_SCHEDULE", "shift")
+    assert resolve_config().schedule == "shift"
+    monkeypatch.setenv("DASH_BACKEND", "reference")
+    assert resolve_config().backend == "reference"
+    monkeypatch.delenv("DASH_BACKEND")
+    torch.use_deterministic_algorithms(True)
+    assert resolve_config(schedule="descending").deterministic_source == "torch.use_deterministic_algorithms(True)"
+    torch.use_deterministic_algorithms(False)
+    assert resolve_config(schedule="descending").deterministic_source == "default"
+    with dash_plugin.dash_config(schedule="spt"):
+        assert resolve_config().schedule == "spt"
+        with dash_plugin.dash_config(schedule="ascending"):
+            assert resolve_config().schedule == "ascending"
+        assert resolve_config().schedule == "spt"
+    dash_plugin.configure(schedule="descending")
+    assert resolve_config().schedule == "descending"
+    dash_plugin.reset_config()
+    assert resolve_config().schedule == "shift"            # the env again
+
+
+def test_remembered_answers_keep_types_and_malformed_values_apart():
+    assert resolve_config(model_config=model(deterministic=True)).deterministic is True
+    # 1 == True and hashes alike; the model config takes real bools only, kept answer or not
+    with pytest.raises(ValueError, match="deterministic=1"):
+        resolve_config(model_config=model(deterministic=1))
+    with pytest.raises(ValueError, match="deterministic=1"):
+        resolve_config(deterministic=1)
+    with pytest.raises(ValueError, match=r"schedule=\['shift'\]"):   # does not hash: refused, not a TypeError
+        resolve_config(schedule=["shift"])
+
+
+def test_a_kept_answer_still_warns_on_every_call(monkeypatch):
+    monkeypatch.setenv("DASH_DETERMINISTIC", "0")
+    torch.use_deterministic_algorithms(True)
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resolve_config()
+        resolve_config()
+    assert [str(w.message).count("overrides deterministic=True") for w in caught] == [1, 1]
