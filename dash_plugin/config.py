@@ -191,6 +191,9 @@ def _candidates(field, kwarg, model_config):
     yield torch.are_deterministic_algorithms_enabled() or None, _TORCH_FLAG
 
 
+_ENV_READ = (*_ENV.values(), "DASH_DETERMINISTIC", "FLASH_ATTENTION_DETERMINISTIC")   # what _candidates reads
+
+
 def _sources(field, kwarg, model_config, check):
     """Every source that says something about `field`, highest first, as checked (value, source)
     pairs: a malformed value is an error even where a higher source decides."""
@@ -224,7 +227,7 @@ def resolve_config(*, schedule=None, deterministic=None, backend=None, model_con
     """Resolve the switch for one call. ``auto`` stays ``auto`` here; the API turns it into a
     concrete schedule and backend once it knows the shape and the inputs."""
     key = None if torch.compiler.is_compiling() else _inputs_key(schedule, deterministic, backend, model_config)
-    hit = _resolved.get(key) if key is not None else None
+    hit = _resolved.get(key)   # None is never a key
     if hit is None:
         hit = _resolve(schedule, deterministic, backend, model_config)
         if key is not None:
@@ -251,8 +254,7 @@ def _inputs_key(schedule, deterministic, backend, model_config):
     key = (schedule, deterministic, backend,
            tuple((field, value, type(value)) for field, value in _model_entry(model_config).items()),
            tuple(tuple(entry.values()) for entry in _context_stack()), tuple(_process_defaults.values()),
-           os.environ.get("DASH_SCHEDULE"), os.environ.get("DASH_BACKEND"), os.environ.get("DASH_DETERMINISTIC"),
-           os.environ.get("FLASH_ATTENTION_DETERMINISTIC"), torch.are_deterministic_algorithms_enabled())
+           tuple(map(os.environ.get, _ENV_READ)), torch.are_deterministic_algorithms_enabled())
     try:
         hash(key)
     except TypeError:

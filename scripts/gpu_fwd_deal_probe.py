@@ -20,8 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_fwd_persistent import same_bits  # noqa: E402
-from gpu_hopper_bwd import median_ms, time_rounds  # noqa: E402
+from gpu_hopper_bwd import median_ms, same_bits, time_rounds  # noqa: E402
 from dash_plugin.bench.protocol import fwd_flops  # noqa: E402
 from dash_plugin.kernels.hopper import fwd_sm90, fwd_tile_order  # noqa: E402
 

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_hopper_bwd import gpu_environment, median_ms, time_rounds  # noqa: E402
+from gpu_hopper_bwd import gpu_environment, median_ms, same_bits, time_rounds  # noqa: E402
 from dash_plugin.bench.protocol import fwd_flops  # noqa: E402
 from dash_plugin.kernels.hopper import fwd_sm90  # noqa: E402
 
@@ -60,10 +60,6 @@ def cudnn(q, k, v, causal):
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
                                                                 enable_gqa=kt.shape[1] != qt.shape[1])
-
-
-def same_bits(a, b):
-    return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def main():

@@ -50,6 +50,11 @@ def fa4_bwd(q, k, v, out, lse, do, causal, deterministic):
                            causal=causal, deterministic=deterministic)[:3]
 
 
+def same_bits(a, b):
+    """Whether two tuples of tensors (outputs, gradients) are equal bit for bit."""
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 def have_fa4():
     try:
         import flash_attn.cute.interface  # noqa: F401
@@ -102,7 +107,7 @@ def stage_check(results):
                     ok = finite and all(e <= max(2 * bl, 1e-3) for e, bl in zip(errs, base))
                     same_as_fa4 = None
                     if fa4_det is not None and sched == ("spt" if causal else "ascending"):
-                        same_as_fa4 = all(torch.equal(a, b_) for a, b_ in zip(grads, fa4_det))
+                        same_as_fa4 = same_bits(grads, fa4_det)
                     line = (f"{name}: {'OK' if ok else 'FAIL'} err dq/dk/dv "
                             f"{errs[0]:.2e}/{errs[1]:.2e}/{errs[2]:.2e} (bf16 math {base[0]:.2e}/{base[1]:.2e}/{base[2]:.2e})"
                             + ("" if same_as_fa4 is None else f" bits==FA4det: {same_as_fa4}"))
@@ -129,7 +134,7 @@ def stage_det(results, passes):
                     for _ in range(2):
                         load_a @ load_a
                 again = ours(sched, q, k, v, out, lse, do, causal)
-                mismatches += not all(torch.equal(a, b) for a, b in zip(first, again))
+                mismatches += not same_bits(first, again)
             torch.cuda.synchronize()
             name = f"det {'causal' if causal else 'full'} H8/{hkv} {sched}"
             print(f"{name}: {passes} passes, {mismatches} differ ({time.time() - t0:.1f}s)", flush=True)

@@ -35,7 +35,7 @@ from dash_plugin.bench.peers import select_impls  # noqa: E402
 from dash_plugin.bench.protocol import Point  # noqa: E402
 
 
-def _loop_us(fn, calls: int, loops: int, prepare=None, warm_loops: int = 0) -> tuple[float, float]:
+def loop_us(fn, calls: int, loops: int, prepare=None, warm_loops: int = 0) -> tuple[float, float]:
     """(host us per call, GPU-busy us per call): medians over `loops` loops of `calls` calls.
     `prepare`, untimed before each loop, returns the argument tuples of its calls (default: none)."""
     host, gpu = [], []
@@ -87,7 +87,7 @@ def _autograd_backward_rows(impls, point, base, args) -> dict:
         q, k, v = (impl.from_bshd(x).requires_grad_() for x in base[:3])
         do = impl.from_bshd(base[3])
         with impl.context():
-            h, g = _loop_us(lambda o: torch.autograd.backward(o, do), args.calls, args.loops,
+            h, g = loop_us(lambda o: torch.autograd.backward(o, do), args.calls, args.loops,
                             prepare=lambda: [(fn(q, k, v),) for _ in range(args.calls)], warm_loops=3)
         rows[impl.name + " bwd (autograd)"] = dict(host_us=h, gpu_us=g)
         print(f"{impl.name + ' bwd (autograd)':28s} {h:7.1f} us host ({g:6.1f} GPU)", flush=True)
@@ -180,7 +180,7 @@ def _kernel_module_rows(base, point, args) -> dict:
     rows = {}
     for name, fn in (("hopper.attention_forward", fwd), ("dispatch.attention_backward", bwd),
                      ("bwd_sm90 alone", _bwd_sm90_alone(do, q, k, v, out, lse, scale, point.causal))):
-        host, gpu = _loop_us(fn, args.calls, args.loops)
+        host, gpu = loop_us(fn, args.calls, args.loops)
         rows[name] = dict(host_us=host, gpu_us=gpu)
         print(f"{name:28s} {host:7.1f} us host ({gpu:6.1f} GPU)", flush=True)
     return rows
@@ -220,8 +220,8 @@ def main(argv=None):
                 torch.autograd.backward(fn(q, k, v), do)
             for _ in range(20):
                 fwd_bwd()
-            f_host, f_gpu = _loop_us(fwd, args.calls, args.loops)
-            fb_host, fb_gpu = _loop_us(fwd_bwd, args.calls, args.loops)
+            f_host, f_gpu = loop_us(fwd, args.calls, args.loops)
+            fb_host, fb_gpu = loop_us(fwd_bwd, args.calls, args.loops)
             if impl.name == "dash-auto" and args.trace:
                 # torch.profiler: which kernels the GPU ran and for how long. (The profiler
                 # makes our calls take the custom-op path; kernel times are unaffected.)

@@ -11,9 +11,10 @@ directly, without the API); for each, five do_bench medians and the host microse
 
     python scripts/gpu_host_jitter.py
 """
+import os
 import shutil
-import statistics
 import subprocess
+import sys
 import time
 
 import torch
@@ -22,6 +23,9 @@ from triton.testing import do_bench
 
 import dash_plugin
 from dash_plugin.kernels.hopper import fwd_sm90
+
+sys.path.insert(0, os.path.dirname(__file__))
+from gpu_host_cost import loop_us  # noqa: E402
 
 B, S, H, D = 16, 1024, 16, 128
 
@@ -47,20 +51,10 @@ def main():
         fn()
     torch.cuda.synchronize()
 
-    def host_us(fn, n=20, loops=50):
-        per_call = []
-        for _ in range(loops):
-            torch.cuda.synchronize()
-            started = time.perf_counter()
-            for _ in range(n):
-                fn()
-            per_call.append((time.perf_counter() - started) / n * 1e6)
-        return statistics.median(per_call)
-
     def round_(tag):
         for name, fn in calls.items():
             medians = [do_bench(fn, warmup=25, rep=100, return_mode="median") for _ in range(5)]
-            print(f"{tag:10s} {name:7s} do_bench ms {[round(m, 4) for m in medians]}  host {host_us(fn):.1f} us/call",
+            print(f"{tag:10s} {name:7s} do_bench ms {[round(m, 4) for m in medians]}  host {loop_us(fn, 20, 50)[0]:.1f} us/call",
                   flush=True)
 
     round_("quiet")

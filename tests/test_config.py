@@ -1,5 +1,6 @@
 """The config switch, source by source (highest first: call, context/configure, model config, env, torch flag, default)."""
 import threading
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -292,7 +293,6 @@ def test_remembered_answers_keep_types_and_malformed_values_apart():
 def test_a_kept_answer_still_warns_on_every_call(monkeypatch):
     monkeypatch.setenv("DASH_DETERMINISTIC", "0")
     torch.use_deterministic_algorithms(True)
-    import warnings
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         resolve_config()
