@@ -29,7 +29,9 @@ Points given after OUT_DIR replace the built-in POINTS; `--variants=a,b,...` tim
 protocol in the writer's loop is gone too; `shift-afresh`: ordered, with the writer computing each
 `shift` visit afresh instead of carrying its index, the same bits; under the causal symmetric
 shift `pairs-read`: the dQ writer too reads the plan's lists instead of computing the order,
-`pairs-computed`: the producer and consumers too compute it, the same bits; `fa4-det`:
+`pairs-computed`: the producer and consumers too compute it, the same bits; `unordered-dkv`
+(with `--gqa N`): dQ ordered, the query heads' dK/dV adds unordered (FA4's non-deterministic
+epilogue), to time what ordering them costs; `fa4-det`:
 FA4's own deterministic backward, timed at the points whose order it runs: `spt` on causal
 masks, `ascending` on full ones).
 
@@ -68,6 +70,7 @@ VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False), "read-a
             "shift-afresh": dict(CARRY_SHIFT_VISITS=False),
             "pairs-read": dict(PAIR_RANKS_COMPUTED=False),
             "pairs-computed": dict(PAIR_ROWS_COMPUTED=True),
+            "unordered-dkv": dict(ORDERED_DKV=False),
             "atomic": {}, "fa4-det": {}}
 # Only switches in the compile key, so that every variant compiles its own kernels.
 assert all(set(v) <= set(_PRODUCT) for v in VARIANTS.values())
@@ -94,7 +97,7 @@ def _set_switches(kernel, switches):
     _switches_set[0] = switches
 
 
-def main(out_dir, points=None, variants=None, rounds=1):
+def main(out_dir, points=None, variants=None, rounds=1, gqa=1):
     points = points or POINTS
     variants = {name: VARIANTS[name] for name in (variants or VARIANTS)}
     kernel = bwd_sm90.OrderedBackwardSm90
@@ -102,10 +105,11 @@ def main(out_dir, points=None, variants=None, rounds=1):
     inputs, flops = {}, {}
     for hd, causal, s, sched in points:
         q, k, v, do = random_inputs(hd, s, 4)
+        k, v = (t[:, :, :t.shape[2] // gqa].contiguous() for t in (k, v))
         out, lse = fwd_sm90.attention_forward(q, k, v, softmax_scale=hd ** -0.5, causal=causal)
-        name = f"hdim{hd} {'causal' if causal else 'full'} {s} {sched}"
+        name = f"hdim{hd} {'causal' if causal else 'full'} {s}{f' gqa{gqa}' if gqa > 1 else ''} {sched}"
         inputs[name] = (sched, causal, (q, k, v, out, lse, do))
-        flops[name] = bwd_flops(q.shape[0], q.shape[2], s, hd, causal)
+        flops[name] = bwd_flops(q.shape[0], q.shape[2], s, hd, causal)   # by query heads, as for MHA
     calls = {}
     for variant, switches in variants.items():
         for name, (sched, causal, tensors) in inputs.items():
@@ -168,6 +172,7 @@ if __name__ == "__main__":
                     "each schedule of a point is a point here)")
     ap.add_argument("--variants", type=_variant_list, help=f"comma list from {', '.join(VARIANTS)}")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds, the median kept (default 1)")
+    ap.add_argument("--gqa", type=int, default=1, help="query heads per K/V head (default 1: MHA)")
     args = ap.parse_args()
     points = [(hd, c, s, x) for hd, c, s, scheds in map(parse_point, args.points) for x in scheds]
-    main(args.out_dir, points or None, args.variants, args.rounds)
+    main(args.out_dir, points or None, args.variants, args.rounds, args.gqa)

@@ -89,10 +89,14 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # Units (half groups, eight scores) of a step's dropout mask drawn while its products run
     # (dropout_sm90.MaskWords); None: ahead_units' rule.
     AHEAD_UNITS = None
+    # For scripts/gpu_dq_chain_probe.py: off, GQA's dK/dV adds run unordered (FA4's
+    # non-deterministic epilogue) while dQ stays ordered, to time what the ordered adds cost.
+    ORDERED_DKV = True
     # The class-level switches above, read at compile time: their values are part of the compile
     # key, so kernels compiled under different settings live side by side (probes interleave them).
     SWITCHES = ("WAIT_FOR_RANK", "WAIT_FOR_LANDING", "RELEASE_COUNTER", "READ_TURN_AHEAD", "RECORD_WAITS",
-                "CARRY_SHIFT_VISITS", "PAIR_ROWS_COMPUTED", "PAIR_RANKS_COMPUTED", "AHEAD_UNITS")
+                "CARRY_SHIFT_VISITS", "PAIR_ROWS_COMPUTED", "PAIR_RANKS_COMPUTED", "AHEAD_UNITS",
+                "ORDERED_DKV")
 
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
                  dropout: bool = False, **kwargs):
@@ -140,7 +144,13 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         if self.dropout:
             acc_dV.store(acc_dV.load() * self._drop.scale)
             acc_dK.store(acc_dK.load() * self._drop.scale)
-        return super().epilogue_dKV(acc_dV, mdV, sV, acc_dK, *args, **kwargs)
+        if const_expr(self.ORDERED_DKV):
+            return super().epilogue_dKV(acc_dV, mdV, sV, acc_dK, *args, **kwargs)
+        deterministic, self.deterministic = self.deterministic, False   # read while tracing
+        try:
+            return super().epilogue_dKV(acc_dV, mdV, sV, acc_dK, *args, **kwargs)
+        finally:
+            self.deterministic = deterministic
 
     def _visit(self, seqlen, block_info, n_block, step):
         """(Q tile, rank) of this KV tile's `step`-th visit under the closed form; the same
