@@ -227,7 +227,10 @@ def resolve_config(*, schedule=None, deterministic=None, backend=None, model_con
     """Resolve the switch for one call. ``auto`` stays ``auto`` here; the API turns it into a
     concrete schedule and backend once it knows the shape and the inputs."""
     key = None if torch.compiler.is_compiling() else _inputs_key(schedule, deterministic, backend, model_config)
-    hit = _resolved.get(key)   # None is never a key
+    try:
+        hit = _resolved.get(key)   # None is never a key
+    except TypeError:   # an argument that does not hash: _resolve refuses it or resolves it uncached
+        key = hit = None
     if hit is None:
         hit = _resolve(schedule, deterministic, backend, model_config)
         if key is not None:
@@ -248,19 +251,15 @@ _RESOLVED_MAX = 256
 
 
 def _inputs_key(schedule, deterministic, backend, model_config):
-    """Everything _resolve reads, as a hashable tuple (None: an argument that does not hash, which
-    _resolve will refuse or resolve uncached). The environment is read on every call, so a
-    variable set between calls takes effect as before."""
-    key = (schedule, deterministic, backend,
-           tuple((field, value, type(value)) for field, value in _model_entry(model_config).items()),
-           tuple(tuple(entry.values()) for entry in _context_stack()), tuple(_process_defaults.values()),
-           tuple(map(os.environ.get, _ENV_READ)), torch.are_deterministic_algorithms_enabled())
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    # True == 1 and hash alike: keep the types apart, so deterministic=1 is still refused.
-    return key + (type(schedule), type(deterministic), type(backend))
+    """Everything _resolve reads, as a tuple (it may hold an argument that does not hash: the
+    lookup finds that out). The environment is read on every call, so a variable set between
+    calls takes effect as before. True == 1 and hash alike: the types are kept apart, so
+    deterministic=1 is still refused."""
+    return (schedule, deterministic, backend,
+            tuple((field, value, type(value)) for field, value in _model_entry(model_config).items()),
+            tuple(tuple(entry.values()) for entry in _context_stack()), tuple(_process_defaults.values()),
+            tuple(map(os.environ.get, _ENV_READ)), torch.are_deterministic_algorithms_enabled(),
+            type(schedule), type(deterministic), type(backend))
 
 
 def _resolve(schedule, deterministic, backend, model_config):

@@ -203,6 +203,14 @@ def tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, check, grid, head
     return moved
 
 
+def tail_mask(feature):
+    """The forward's mask keywords for a FEATURES name or "dropout<p>" (causal, with that p)."""
+    mask = dict(FEATURES.get(feature, {"causal": True}))
+    if feature.startswith("dropout"):
+        mask.update(dropout_p=float(feature[len("dropout"):]), seed=11)
+    return mask
+
+
 # (queries, keys): 1k (128 rows above the sequence at 192-row tiles), fewer queries than keys and
 # the reverse (rows that see no key), 1000 (a shift of 152: no multiple of 16, so not with
 # dropout), 272 and 784 x 1040 (shifts of 112 and 176: dropout's 16-row groups moved whole)
@@ -219,11 +227,8 @@ def test_tail_aligned_q_tiles_give_fa4_tilings_bits(monkeypatch, forward_grid, p
     output element is written (NaN-filled outputs) and nothing beside them (NaN guard rows: the
     top tile's rows above the sequence must not land before the first head). GQA with dropout
     runs unpacked heads (moved); without, packed rows (never moved)."""
-    mask = dict(FEATURES.get(feature, {"causal": True}))
-    if feature.startswith("dropout"):
-        mask.update(dropout_p=float(feature[len("dropout"):]), seed=11)
-    moved = tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, poisoned_outputs, grid, 64, gqa, mask,
-                                            TAIL_LENGTHS)
+    moved = tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, poisoned_outputs, grid, 64, gqa,
+                                            tail_mask(feature), TAIL_LENGTHS)
     unpacked = gqa == 1 or feature.startswith("dropout")
     assert moved >= 2 if unpacked else moved == 0, moved   # which lengths: tests/test_forward_tile_order.py
 
@@ -233,11 +238,8 @@ def test_tail_aligned_q_tiles_give_fa4_tilings_bits(monkeypatch, forward_grid, p
 def test_tail_aligned_q_tiles_at_other_head_dims(monkeypatch, forward_grid, poisoned_outputs, feature, head_dim):
     """hdim 96 (192-row tiles, the persistent grid) and 256 (128 x 80 tiles, O rescaled before
     its product): FA4's tiling's bits, with the tiles moved at some lengths."""
-    mask = dict(FEATURES.get(feature, {"causal": True}))
-    if feature.startswith("dropout"):
-        mask.update(dropout_p=0.1, seed=11)
-    moved = tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, poisoned_outputs, "auto", head_dim, 1, mask,
-                                            TAIL_LENGTHS)
+    moved = tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, poisoned_outputs, "auto", head_dim, 1,
+                                            tail_mask(feature), TAIL_LENGTHS)
     assert moved >= 1, moved
 
 
