@@ -31,7 +31,9 @@ protocol in the writer's loop is gone too; `shift-afresh`: ordered, with the wri
 shift `pairs-read`: the dQ writer too reads the plan's lists instead of computing the order,
 `pairs-computed`: the producer and consumers too compute it, the same bits; `unordered-dkv`
 (with `--gqa N`): dQ ordered, the query heads' dK/dV adds unordered (FA4's non-deterministic
-epilogue), to time what ordering them costs; `fa4-det`:
+epilogue), to time what ordering them costs; `add-first`: the first add to each dQ tile adds
+into a zeroed accumulator instead of storing (OrderedBackwardSm90.STORE_FIRST_DQ off), the same
+bits; `fa4-det`:
 FA4's own deterministic backward, timed at the points whose order it runs: `spt` on causal
 masks, `ascending` on full ones).
 
@@ -71,11 +73,12 @@ VARIANTS = {"ordered": {}, "no-read-ahead": dict(READ_TURN_AHEAD=False), "read-a
             "pairs-read": dict(PAIR_RANKS_COMPUTED=False),
             "pairs-computed": dict(PAIR_ROWS_COMPUTED=True),
             "unordered-dkv": dict(ORDERED_DKV=False),
+            "add-first": dict(STORE_FIRST_DQ=False),
             "atomic": {}, "fa4-det": {}}
 # Only switches in the compile key, so that every variant compiles its own kernels.
 assert all(set(v) <= set(_PRODUCT) for v in VARIANTS.values())
 # Variants that keep the product's order, and so must give the product's bits (checked).
-SAME_BITS = ("no-read-ahead", "read-ahead", "shift-afresh", "pairs-read", "pairs-computed")
+SAME_BITS = ("no-read-ahead", "read-ahead", "shift-afresh", "pairs-read", "pairs-computed", "add-first")
 
 
 def _variant_list(text):

@@ -423,6 +423,47 @@ def test_symmetric_shift_over_two_groups_repeats_and_sums_as_ascending_does():
         assert rel(a, b.double().cpu()) < 1e-2, f"{name}: {rel(a, b.double().cpu()):.2e} from ascending"
 
 
+# The first add to each dQ tile stores instead of adding (STORE_FIRST_DQ), so the accumulator is
+# not zeroed where every tile gets an add. Cases: every tile added to; rows that see no key
+# (causal with more queries than keys: their tiles get no add, so the accumulator is zeroed);
+# more keys than queries; a window; GQA; dropout.
+STORE_FIRST_CASES = {   # (mask and shapes, the ordered schedules run there)
+    "full": (dict(sq=1000, sk=1000, causal=False), ("ascending", "shift")),
+    "causal-gqa": (dict(sq=1024, sk=1024, causal=True, hkv=2), ("arrival",)),
+    "causal-more-queries": (dict(sq=1000, sk=600, causal=True), ("descending", "spt")),
+    "causal-more-keys": (dict(sq=600, sk=1000, causal=True), ("arrival",)),
+    "window": (dict(sq=1000, sk=1000, causal=True, window=(256, -1)), ("descending",)),
+    "dropout": (dict(sq=1000, sk=1000, causal=False, dropout_p=0.1), ("ascending",)),
+}
+
+
+@pytest.mark.parametrize("case,schedule", [(c, s) for c, (_, scheds) in STORE_FIRST_CASES.items() for s in scheds])
+def test_first_add_storing_gives_the_bits_of_adding_into_zeros(monkeypatch, case, schedule):
+    c = dict(STORE_FIRST_CASES[case][0])
+    sq, sk, causal, hkv = c.pop("sq"), c.pop("sk"), c.pop("causal"), c.pop("hkv", 4)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q, do = (torch.randn(2, sq, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    k, v = (torch.randn(2, sk, hkv, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+
+    def grads():
+        poison = torch.full((64 << 20,), float("nan"), device="cuda")
+        del poison   # the accumulator is likely carved from these NaN bytes: an unwritten tile shows
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = dash_plugin.flash_attention(*leaves, causal=causal, backend="hopper", schedule=schedule,
+                                          dropout_seed=5, **c)
+        out.backward(do)
+        return [t.grad for t in leaves]
+
+    stored = grads()
+    monkeypatch.setattr(hopper.bwd_sm90.OrderedBackwardSm90, "STORE_FIRST_DQ", False)
+    added = grads()
+    for name, a, b in zip(("dq", "dk", "dv"), stored, added):
+        assert torch.isfinite(a).all(), f"{name}: NaN/inf"
+        assert torch.equal(a, b), f"{name}: storing the first add changed the bits"
+    if sq > sk:   # bottom-right causal: the first sq - sk rows see no key
+        assert torch.equal(stored[0][:, :sq - sk], torch.zeros_like(stored[0][:, :sq - sk]))
+
+
 def test_atomic_differs_between_passes():
     p = problem(2, 2048, 8, 2, 128, False, seed=2)
     assert count_mismatching_passes(lambda: backward(p, "atomic"), 50) > 0

@@ -8,7 +8,8 @@ import torch
 
 from dash_plugin.kernels.backends import DeviceProps, Request
 from dash_plugin.kernels.hopper import (HEAD_DIMS, RESIDENT_SLOTS, Unsupported, VisitTables, batch_tables, bwd_tiles,
-                                        check_waits_follow_launch, closed_form_visits, tables_of)
+                                        check_waits_follow_launch, closed_form_visits, tables_of,
+                                        visits_every_q_tile)
 from dash_plugin.kernels.hopper.masks import fa4_mask
 from dash_plugin.kernels.hopper_backend import BACKEND, HopperTiles
 from dash_plugin.schedules import make_geometry, registry
@@ -458,3 +459,24 @@ def test_which_calls_may_leave_a_query_row_without_keys():
     assert not may_have_empty_rows(True, [2048], [2048])
     assert not may_have_empty_rows(False, [2048], [1024])         # full mask: every row sees every key
     assert may_have_empty_rows(True, [10, 700, 0], [10, 300, 0])  # packed: any one sequence
+
+
+@pytest.mark.parametrize("schedule, sq, sk, causal, window, want", [
+    ("shift", 1000, 1000, False, (-1, -1), True),
+    ("arrival", 1000, 1000, True, (-1, -1), True),
+    ("descending", 600, 1000, True, (-1, -1), True),      # more keys: every row sees some
+    ("descending", 1000, 600, True, (-1, -1), False),     # the first 400 rows see no key
+    ("spt", 2048, 64, True, (-1, -1), False),
+    ("descending", 1000, 1000, True, (256, -1), True),    # a window keeps the diagonal
+])
+def test_which_dense_calls_give_every_dq_tile_an_add(schedule, sq, sk, causal, window, want):
+    """Where every dQ tile gets an add, the backward stores each tile's first add instead of
+    zeroing the accumulator first; a tile with no add must then be zeroed."""
+    left, right = window
+    shape = AttentionShape(1, 1, 1, (sq,), (sk,), False, causal, left, 0 if causal else right)
+    tiles = BACKEND.tiles(request(schedule, sq, 128, causal, window, seqlen_k=sk))
+    tables = tables_of(launch_plan(shape, schedule, tiles=tiles, device=DeviceProps(132)).schedule.sequences[0])
+    q_tiles = -(-sq // tiles.block_m)
+    assert visits_every_q_tile(tables, q_tiles) is want
+    if want:   # and one tile more than the sequence has is not covered
+        assert visits_every_q_tile(tables, q_tiles + 1) is False

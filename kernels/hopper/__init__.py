@@ -13,7 +13,7 @@ from functools import lru_cache
 from .masks import fa4_mask
 from .tile_table import HEAD_DIMS, bwd_tiles
 from .visit_tables import (CLOSED_FORMS, RESIDENT_SLOTS, Unsupported, VisitTables, batch_tables,
-                           check_waits_follow_launch, closed_form_visits, tables_of)
+                           check_waits_follow_launch, closed_form_visits, tables_of, visits_every_q_tile)
 
 
 @lru_cache(maxsize=1)   # asked on every call's backend choice; installs do not change mid-process
@@ -58,4 +58,4 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
 
 __all__ = ["CLOSED_FORMS", "HEAD_DIMS", "RESIDENT_SLOTS", "Unsupported", "VisitTables", "attention_backward",
            "attention_forward", "available", "batch_tables", "bwd_tiles", "check_waits_follow_launch",
-           "closed_form_visits", "tables_of"]
+           "closed_form_visits", "tables_of", "visits_every_q_tile"]

@@ -50,7 +50,7 @@ from ..philox import keep_scale
 from . import dropout_sm90
 from .masks import fa4_mask
 from .tile_table import bwd_tiles
-from .visit_tables import VisitTables
+from .visit_tables import VisitTables, visits_every_q_tile
 
 
 class OrderedBackwardSm90(FlashAttentionBackwardSm90):
@@ -92,11 +92,15 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
     # For scripts/gpu_dq_chain_probe.py: off, GQA's dK/dV adds run unordered (FA4's
     # non-deterministic epilogue) while dQ stays ordered, to time what the ordered adds cost.
     ORDERED_DKV = True
+    # Deterministic mode: the first add to each dQ tile (rank 0) stores its partial instead of
+    # adding it, so the accumulator needs no zeroing where every Q tile has an add
+    # (`attention_backward`). Off: every add reduces into a zeroed accumulator. Same bits.
+    STORE_FIRST_DQ = True
     # The class-level switches above, read at compile time: their values are part of the compile
     # key, so kernels compiled under different settings live side by side (probes interleave them).
     SWITCHES = ("WAIT_FOR_RANK", "WAIT_FOR_LANDING", "RELEASE_COUNTER", "READ_TURN_AHEAD", "RECORD_WAITS",
                 "CARRY_SHIFT_VISITS", "PAIR_ROWS_COMPUTED", "PAIR_RANKS_COMPUTED", "AHEAD_UNITS",
-                "ORDERED_DKV")
+                "ORDERED_DKV", "STORE_FIRST_DQ")
 
     def __init__(self, *args, kv_descending: bool, visit: str | None, group_size: int = 1,
                  dropout: bool = False, **kwargs):
@@ -309,8 +313,14 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         for c in cutlass.range_constexpr(chunks):
             cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFullWG0) + c, number_of_threads=handshake)
             with cute.arch.elect_one():
-                copy_utils.cpasync_reduce_bulk_add_f32(
-                    sdQaccum[None, c].iterator, gdQ[(None, c), m_block].iterator, self.tma_copy_bytes["dQ"])
+                source, target = sdQaccum[None, c].iterator, gdQ[(None, c), m_block].iterator
+                if const_expr(self._stores_first()):
+                    if rank == 0:   # the tile's first add: nothing to add to
+                        copy_utils.cpasync_bulk_s2g(source, target, self.tma_copy_bytes["dQ"])
+                    else:
+                        copy_utils.cpasync_reduce_bulk_add_f32(source, target, self.tma_copy_bytes["dQ"])
+                else:
+                    copy_utils.cpasync_reduce_bulk_add_f32(source, target, self.tma_copy_bytes["dQ"])
             cute.arch.cp_async_bulk_commit_group()
         if const_expr(record):   # waiting for the consumers' partial (and issuing it)
             self._record(counters, cute.arch.clock() - started, (n_block, 4))
@@ -328,6 +338,11 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
             if const_expr(self.RELEASE_COUNTER):
                 barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
         return seen_next
+
+    def _stores_first(self) -> bool:
+        """Whether rank 0 stores (STORE_FIRST_DQ): only where the adds are ordered, so that the
+        store lands before any other add to the tile starts."""
+        return self.STORE_FIRST_DQ and self.deterministic and self.WAIT_FOR_RANK
 
     def read_turn_ahead(self) -> bool:
         """Whether the dQ writer reads the next tile's counter while an add lands: above head dim
@@ -828,7 +843,11 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     index_lists = not _writer_computes(visit) or (visit in _COMPUTED and not _rows_computed(visit))
     count, q_tile, rank = _tables_on_device(tables, batch, heads, dev) if index_lists else (None,) * 3
 
-    fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum, cu_seqlens_q, None, None, dtype,
+    # The preprocess zeroes the dQ accumulator (it writes as many bytes as it reads of O and
+    # dO) unless the first add to every tile stores instead.
+    stores_first = (deterministic and OrderedBackwardSm90.STORE_FIRST_DQ and OrderedBackwardSm90.WAIT_FOR_RANK
+                    and not varlen and visits_every_q_tile(tables, sq_r // tm))
+    fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, None if stores_first else dq_accum, cu_seqlens_q, None, None, dtype,
                         head_dim, head_dim, tm, fake_mode=False, hdim_multiple_of=multiple)
 
     # Size-1 dimensions get specialised strides at compile time, so they are part of the key.

@@ -18,6 +18,7 @@ nothing above the kernel layer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -294,6 +295,17 @@ def batch_tables(sequences) -> VisitTables:
     geo = seq.geometry
     raise Unsupported(f"a sequence of {geo.seqlen_q} queries and {geo.seqlen_k} keys ({seq.variant!r}) does not "
                       f"follow the {tables.visit} order of the longest ({longest.variant!r})")
+
+
+@functools.lru_cache(maxsize=256)
+def visits_every_q_tile(tables: VisitTables, q_tiles: int) -> bool:
+    """Whether every one of the `q_tiles` dQ tiles of a dense sequence gets an add. A row that
+    sees no key (a causal mask or window with more queries than keys) gets none, and the
+    backward then zeroes its dQ accumulator instead of storing each tile's first add."""
+    seen = torch.zeros(q_tiles, dtype=torch.bool)
+    visited = tables.q_tile[tables.q_tile >= 0].long()
+    seen[visited[visited < q_tiles]] = True
+    return bool(seen.all())
 
 
 def check_waits_follow_launch(tables: VisitTables) -> None:
