@@ -313,14 +313,14 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
         for c in cutlass.range_constexpr(chunks):
             cute.arch.barrier(barrier_id=int(NamedBarrierBwd.dQFullWG0) + c, number_of_threads=handshake)
             with cute.arch.elect_one():
-                source, target = sdQaccum[None, c].iterator, gdQ[(None, c), m_block].iterator
-                if const_expr(self._stores_first()):
+                partial = (sdQaccum[None, c].iterator, gdQ[(None, c), m_block].iterator, self.tma_copy_bytes["dQ"])
+                if const_expr(self.stores_first(self.deterministic)):
                     if rank == 0:   # the tile's first add: nothing to add to
-                        copy_utils.cpasync_bulk_s2g(source, target, self.tma_copy_bytes["dQ"])
+                        copy_utils.cpasync_bulk_s2g(*partial)
                     else:
-                        copy_utils.cpasync_reduce_bulk_add_f32(source, target, self.tma_copy_bytes["dQ"])
+                        copy_utils.cpasync_reduce_bulk_add_f32(*partial)
                 else:
-                    copy_utils.cpasync_reduce_bulk_add_f32(source, target, self.tma_copy_bytes["dQ"])
+                    copy_utils.cpasync_reduce_bulk_add_f32(*partial)
             cute.arch.cp_async_bulk_commit_group()
         if const_expr(record):   # waiting for the consumers' partial (and issuing it)
             self._record(counters, cute.arch.clock() - started, (n_block, 4))
@@ -339,10 +339,12 @@ class OrderedBackwardSm90(FlashAttentionBackwardSm90):
                 barrier.arrive_inc(counters[(m_block, None)].iterator, lane, 0, 1)
         return seen_next
 
-    def _stores_first(self) -> bool:
+    @classmethod
+    def stores_first(cls, deterministic: bool) -> bool:
         """Whether rank 0 stores (STORE_FIRST_DQ): only where the adds are ordered, so that the
-        store lands before any other add to the tile starts."""
-        return self.STORE_FIRST_DQ and self.deterministic and self.WAIT_FOR_RANK
+        store lands before any other add to the tile starts. Read by the kernel as it is traced
+        and by `attention_backward` to leave the accumulator unzeroed."""
+        return cls.STORE_FIRST_DQ and deterministic and cls.WAIT_FOR_RANK
 
     def read_turn_ahead(self) -> bool:
         """Whether the dQ writer reads the next tile's counter while an add lands: above head dim
@@ -845,9 +847,9 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
 
     # The preprocess zeroes the dQ accumulator (it writes as many bytes as it reads of O and
     # dO) unless the first add to every tile stores instead.
-    stores_first = (deterministic and OrderedBackwardSm90.STORE_FIRST_DQ and OrderedBackwardSm90.WAIT_FOR_RANK
-                    and not varlen and visits_every_q_tile(tables, sq_r // tm))
-    fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, None if stores_first else dq_accum, cu_seqlens_q, None, None, dtype,
+    unzeroed = (OrderedBackwardSm90.stores_first(deterministic) and not varlen
+                and visits_every_q_tile(tables, sq_r // tm))
+    fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, None if unzeroed else dq_accum, cu_seqlens_q, None, None, dtype,
                         head_dim, head_dim, tm, fake_mode=False, hdim_multiple_of=multiple)
 
     # Size-1 dimensions get specialised strides at compile time, so they are part of the key.
