@@ -179,6 +179,10 @@ def test_auto_schedule_is_resolved_per_backend_and_names_what_it_passed_over(mon
     chosen, schedule, passed_over = dispatch.resolve("auto", "auto", q, q, **kw)
     assert (chosen.name, schedule, passed_over) == ("hopper", "arrival", ())   # auto_table_hopper.py
     chosen, schedule, _ = dispatch.resolve("auto", "auto", q, q, **dict(kw, causal=False, window_right=-1))
+    assert (chosen.name, schedule) == ("hopper", "shift")
+    long = torch.zeros(1, 8192, 2, 128, dtype=torch.float16)
+    chosen, schedule, _ = dispatch.resolve("auto", "auto", long, long, **dict(kw, causal=False, window_right=-1,
+                                                                          max_seqlen_q=8192, max_seqlen_k=8192))
     assert (chosen.name, schedule) == ("hopper", "ascending")
     flat = torch.zeros(4096, 2, 128, dtype=torch.float16)
     cu = torch.tensor([0, 1000, 4096], dtype=torch.int32)

@@ -4,7 +4,7 @@ that run on the Triton backend). First matching rule wins; keys as in auto_table
 head_dim_min (an inclusive lower bound; the head dims 192/256 rules).
 
 Measured with scripts/gpu_hopper_bwd.py on an NVIDIA H100 80GB HBM3 (132 SMs, torch 2.11.0+cu130,
-flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23, one process, backward TFLOP/s:
+flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23 to 11-25, one process, backward TFLOP/s:
 docs/benchmarks/hopper-bwd-2026-11-23-h100/closed-form/, for the shift rows
 docs/benchmarks/hopper-shift-2026-11-23-h100/ (the full hdim128 rule also from
 docs/benchmarks/shift-writer-2026-11-24-h100/), for the hdim128 causal row
@@ -79,14 +79,15 @@ RULES = [
                'of 3 rounds, docs/benchmarks/read-turn-2026-11-25-h100/)'},
     {'mask': 'full', 'head_dim_min': 192, 'head_dim_max': 192, 'seqlen_max': 2048, 'schedule': 'shift',
      'source': 'measured H100 hdim192 full s=2k: shift 394.0, ascending 381.1 (wide-heads-2026-11-24-h100/)'},
-    {'mask': 'full', 'seqlen_max': 1024, 'schedule': 'shift',
+    {'mask': 'full', 'seqlen_max': 4096, 'schedule': 'shift',
      'source': 'measured H100 hdim128 full s=1k: shift 398.6 and 396.9, ascending 361.0 and 360.0 (two runs, '
-               'hopper-shift-2026-11-23-h100/); shift 391.4, ascending 381.2 (dq-readahead-2026-11-23-h100/); '
-               'shift 402.9, ascending 380.8 (shift-writer-2026-11-24-h100/); hdim96: inferred from hdim128. '
-               'At 2k shift led before the dQ writer read its next counter ahead (482.6/473.4 against '
-               '457.6/461.6) and trails since (450.1 against 484.5; 465.0 against 485.9; GQA 4:1 a tie)'},
+               'hopper-shift-2026-11-23-h100/); shift 402.9, ascending 380.8 (shift-writer-2026-11-24-h100/). '
+               's=2k/4k/8k since the first dQ add stores (median of 3 interleaved rounds, '
+               'auto-full-2026-11-25-h100/): shift 506.4/542.3/567.1, ascending 495.5/532.9/559.9, '
+               'spt 494.7/533.0/566.1, descending 481.9/542.3/-; 2k in the run before: shift 499.0, '
+               'ascending 478.2 (store-first-dq-2026-11-25-h100/); hdim96: inferred from hdim128'},
     {'mask': 'full', 'schedule': 'ascending',
-     'source': 'measured H100 full hdim128 s=4k-16k: ascending, spt, descending and the closed-form '
+     'source': 'measured H100 full hdim128 s=8k-16k: ascending, spt, descending and the closed-form '
                'shift within a few percent, no order ahead in both runs (16k: ascending 589.9/588.0, '
                'shift 570.5/565.8); hdim192 s=8k: ascending 478.4, spt 478.6, shift 326.6 (split groups)'},
 ]
