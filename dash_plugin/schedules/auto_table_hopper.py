@@ -79,7 +79,7 @@ RULES = [
                'of 3 rounds, docs/benchmarks/read-turn-2026-11-25-h100/)'},
     {'mask': 'full', 'head_dim_min': 192, 'head_dim_max': 192, 'seqlen_max': 2048, 'schedule': 'shift',
      'source': 'measured H100 hdim192 full s=2k: shift 394.0, ascending 381.1 (wide-heads-2026-11-24-h100/)'},
-    {'mask': 'full', 'seqlen_max': 4096, 'schedule': 'shift',
+    {'mask': 'full', 'head_dim_max': 128, 'seqlen_max': 4096, 'schedule': 'shift',
      'source': 'measured H100 hdim128 full s=1k: shift 398.6 and 396.9, ascending 361.0 and 360.0 (two runs, '
                'hopper-shift-2026-11-23-h100/); shift 402.9, ascending 380.8 (shift-writer-2026-11-24-h100/). '
                's=2k/4k/8k since the first dQ add stores (median of 3 interleaved rounds, '
