@@ -79,6 +79,7 @@ RULES = [
                'of 3 rounds, docs/benchmarks/read-turn-2026-11-25-h100/)'},
     {'mask': 'full', 'head_dim_min': 192, 'head_dim_max': 192, 'seqlen_max': 2048, 'schedule': 'shift',
      'source': 'measured H100 hdim192 full s=2k: shift 394.0, ascending 381.1 (wide-heads-2026-11-24-h100/)'},
+    # Up to hdim 128: at 192 shift runs split groups, which lose beyond 2k (the rule above).
     {'mask': 'full', 'head_dim_max': 128, 'seqlen_max': 4096, 'schedule': 'shift',
      'source': 'measured H100 hdim128 full s=1k: shift 398.6 and 396.9, ascending 361.0 and 360.0 (two runs, '
                'hopper-shift-2026-11-23-h100/); shift 402.9, ascending 380.8 (shift-writer-2026-11-24-h100/). '
