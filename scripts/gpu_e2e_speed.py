@@ -4,6 +4,8 @@ process, with the attention as a user would pick it:
     dash_det         dash, deterministic (schedule auto), under torch.use_deterministic_algorithms(True) and the
                      rest of setup_deterministic_training: the reproducible set-up of the training example
     dash_det_noflag  the same kernels with the torch flag off (isolates what the attention schedule costs)
+    dash_det_nofill  dash_det with torch.utils.deterministic.fill_uninitialized_memory off (the torch flag
+                     without its NaN fill of new memory: how much of the flag's cost the fill is)
     dash_triton_det  dash_det with the backend pinned to Triton (the kernels before the Hopper backend)
     dash_atomic      dash with deterministic=False (atomic dQ adds), torch flag off
     fa4_det          FA4's deterministic attention (flash-attn-4, when importable) under the example's set-up
@@ -54,9 +56,11 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 VARIANTS = {
-    # name: (label, attn_implementation, torch deterministic flag)
+    # name: (label, attn_implementation, torch deterministic flag: True, False or "nofill", on without the fill)
     "dash_det": ("dash deterministic (auto), torch det. flag on (the example's set-up)", "dash", True),
     "dash_det_noflag": ("dash deterministic (auto), torch det. flag off", "dash", False),
+    "dash_det_nofill": ("dash deterministic (auto), torch det. flag on without its NaN fill of new memory", "dash",
+                        "nofill"),
     "dash_triton_det": ("dash deterministic (auto) on the Triton backend, torch det. flag on", "dash", True),
     "dash_atomic": ("dash atomic (deterministic=False)", "dash", False),
     "fa4_det": ("FA4 (flash_attn.cute) deterministic, torch det. flag on", "fa4_det", True),
@@ -123,8 +127,16 @@ class AttentionOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def set_torch_flag(on: bool, seed: int) -> None:
-    """Flag on: the training example's set-up (setup_deterministic_training). Off: PyTorch's defaults."""
+def _flag_cell(flag) -> str:
+    return "on, no NaN fill" if flag == "nofill" else "on" if flag else "off"
+
+
+def set_torch_flag(on, seed: int) -> None:
+    """Flag on: the training example's set-up (setup_deterministic_training); "nofill": the same without
+    filling new memory with NaN. Off: PyTorch's defaults."""
+    import torch.utils.deterministic
+
+    torch.utils.deterministic.fill_uninitialized_memory = on != "nofill"   # PyTorch's default: True
     if on:
         from dash_plugin.integrations.accelerate import setup_deterministic_training
 
@@ -139,7 +151,7 @@ def configure_dash(variant: str) -> None:
     import dash_plugin
 
     dash_plugin.reset_config()
-    if variant in ("dash_det", "dash_det_noflag"):
+    if variant in ("dash_det", "dash_det_noflag", "dash_det_nofill"):
         dash_plugin.configure(schedule="auto", deterministic=True)
     elif variant == "dash_triton_det":
         dash_plugin.configure(schedule="auto", deterministic=True, backend="triton")
@@ -337,7 +349,7 @@ def ratios(results: list[dict], seqlens) -> list[dict]:
     by = {(r["seqlen"], r["variant"]): r for r in results}
     for s in seqlens:
         atomic = by.get((s, "dash_atomic"))
-        for det_name in ("dash_det", "dash_det_noflag"):
+        for det_name in ("dash_det", "dash_det_nofill", "dash_det_noflag"):
             det = by.get((s, det_name))
             if not (det and atomic and det.get("step_s_median") and atomic.get("step_s_median")):
                 continue
@@ -347,8 +359,9 @@ def ratios(results: list[dict], seqlens) -> list[dict]:
 
 
 def ratio_line(r: dict) -> str:
-    what = "dash det / dash atomic" if r["deterministic"] == "dash_det" else \
-        "dash det (torch flag off) / dash atomic"
+    what = {"dash_det": "dash det / dash atomic",
+            "dash_det_nofill": "dash det (torch flag on, no NaN fill) / dash atomic",
+            "dash_det_noflag": "dash det (torch flag off) / dash atomic"}[r["deterministic"]]
     verdict = "YES" if r["within_3pct"] else "NO"
     return (f"seqlen {r['seqlen']}: step time {what} = {r['ratio']:.3f} ({(r['ratio'] - 1) * 100:+.1f}%) "
             f"-> within 3%: {verdict}")
@@ -399,7 +412,7 @@ def markdown(report: dict) -> str:
         mfu = f"{r['mfu'] * 100:.1f}%" if ok and r["mfu"] is not None else "-"
         status = r["status"] + (f": {r['reason']}" if r.get("reason") else "")
         lines.append(
-            f"| {r['seqlen']} | {r['batch']} | {r['variant']} | {'on' if r['torch_deterministic'] else 'off'} | "
+            f"| {r['seqlen']} | {r['batch']} | {r['variant']} | {_flag_cell(r['torch_deterministic'])} | "
             f"{r['attention_backend'] if ok else '-'} | {_fmt(ms('step_s_median'), '.1f')} | {span} | "
             f"{_fmt(r['tokens_per_s'] if ok else None, ',.0f')} | {mfu} | {_fmt(r.get('peak_gib'), '.1f')} | "
             f"{status} |")
