@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.utils.deterministic
 
 # ":4096:8" is one of the two values cuBLAS documents for reproducible results (the other is ":16:8");
 # the larger one keeps cuBLAS fast.
@@ -81,8 +82,8 @@ class DeterministicSetup:
         return "\n".join(lines)
 
 
-def setup_deterministic_training(seed: int = 0, *, warn_only: bool = False,
-                                 set_env: bool = True) -> DeterministicSetup:
+def setup_deterministic_training(seed: int = 0, *, warn_only: bool = False, set_env: bool = True,
+                                 fill_uninitialized_memory: bool = True) -> DeterministicSetup:
     """Pin every source of run-to-run variation this process controls, and say what was set.
 
     Args:
@@ -91,6 +92,14 @@ def setup_deterministic_training(seed: int = 0, *, warn_only: bool = False,
             implementation raise instead of silently running nondeterministically.
         set_env: set CUBLAS_WORKSPACE_CONFIG and PYTHONHASHSEED (inherited by child processes and
             dataloader workers). An existing value is kept and reported.
+        fill_uninitialized_memory: PyTorch's `torch.utils.deterministic.fill_uninitialized_memory`, which
+            under `use_deterministic_algorithms` fills every new tensor from `torch.empty` with NaN (or the
+            largest integer), so an op that reads memory it never wrote gives the same (and visible) result
+            each run. That fill is what the flag costs a training step: 2.9-4.2 % of a 1B model's step on an
+            H200 at 4k and 8k tokens; without it the deterministic step is within 1.0 % of the one with
+            non-deterministic attention and the flag off (docs/benchmarks/e2e-2026-11-26-h200/). False keeps
+            every deterministic algorithm and drops only the fill; the bits stay reproducible as long as no op
+            reads memory it did not write (`dash-repro compare` checks two runs either way).
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
         raise ValueError(f"seed={seed!r} is not allowed; pass an int in [0, 2**63)")
@@ -116,8 +125,12 @@ def setup_deterministic_training(seed: int = 0, *, warn_only: bool = False,
         torch.cuda.manual_seed_all(seed)
     s["seeds"] = f"random, numpy, torch (cpu{', cuda' if torch.cuda.is_available() else ''}) = {seed}"
 
+    if not isinstance(fill_uninitialized_memory, bool):
+        raise ValueError(f"fill_uninitialized_memory={fill_uninitialized_memory!r} is not allowed; pass True or False")
     torch.use_deterministic_algorithms(True, warn_only=warn_only)
     s["torch.use_deterministic_algorithms"] = f"True (warn_only={warn_only})"
+    torch.utils.deterministic.fill_uninitialized_memory = fill_uninitialized_memory
+    s["torch.utils.deterministic.fill_uninitialized_memory"] = str(fill_uninitialized_memory)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False  # benchmarking picks algorithms by timing: never the same twice
     s["cudnn.deterministic / cudnn.benchmark"] = "True / False"

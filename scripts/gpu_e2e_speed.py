@@ -134,13 +134,10 @@ def _flag_cell(flag) -> str:
 def set_torch_flag(on, seed: int) -> None:
     """Flag on: the training example's set-up (setup_deterministic_training); "nofill": the same without
     filling new memory with NaN. Off: PyTorch's defaults."""
-    import torch.utils.deterministic
-
-    torch.utils.deterministic.fill_uninitialized_memory = on != "nofill"   # PyTorch's default: True
     if on:
         from dash_plugin.integrations.accelerate import setup_deterministic_training
 
-        setup_deterministic_training(seed)
+        setup_deterministic_training(seed, fill_uninitialized_memory=on != "nofill")
     else:
         torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.deterministic = False

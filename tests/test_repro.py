@@ -164,6 +164,30 @@ def test_setup_deterministic_training_sets_and_reports(monkeypatch):
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
+def test_setup_deterministic_training_switches_the_nan_fill(monkeypatch):
+    import torch.utils.deterministic as deterministic
+
+    from dash_plugin.integrations.accelerate import setup_deterministic_training
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    was = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+           deterministic.fill_uninitialized_memory)
+    try:
+        setup = setup_deterministic_training(0, fill_uninitialized_memory=False)
+        assert torch.are_deterministic_algorithms_enabled() and deterministic.fill_uninitialized_memory is False
+        assert "fill_uninitialized_memory = False" in setup.summary()
+        setup = setup_deterministic_training(0)   # the default puts PyTorch's fill back
+        assert deterministic.fill_uninitialized_memory is True
+        assert torch.isnan(torch.empty(64)).all()   # what the fill does, and what False skips
+        assert "fill_uninitialized_memory = True" in setup.summary()
+        with pytest.raises(ValueError, match="fill_uninitialized_memory=1"):
+            setup_deterministic_training(0, fill_uninitialized_memory=1)
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+        deterministic.fill_uninitialized_memory = was[2]
+
+
 def test_seed_worker_seeds_python_and_numpy_from_the_worker_seed():
     import random
 

@@ -1,0 +1,6 @@
+source out/setup.sh
+set -o pipefail
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+V=dash_det,dash_det_noflag,dash_atomic,fa4_det,sdpa_det
+timeout 280 python3 scripts/gpu_e2e_speed.py $OUT/hd128 --size 1b-hd128 --variants $V 2>&1 | grep -v "Warning\|exe_args" | tee $OUT/hd128.log | tail -14
+timeout 270 python3 scripts/gpu_e2e_speed.py $OUT/hd64 --size 1b --variants $V 2>&1 | grep -v "Warning\|exe_args" | tee $OUT/hd64.log | tail -14
