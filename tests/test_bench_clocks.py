@@ -60,6 +60,25 @@ def test_a_sampler_that_stops_early_or_gives_nothing_is_reported():
     assert monitor.reason.endswith("gave no clock samples") and monitor._proc.poll() is not None
 
 
+def test_a_sampler_that_stopped_is_counted_after_its_reader_finished(monkeypatch):
+    """The count in the reason waits for the reader thread: a reader scheduled late (a loaded
+    machine) still has the sampler's last line to parse when the sampler has already exited."""
+    parse = clocks.parse_sample
+
+    def late(line):
+        time.sleep(0.2)
+        return parse(line)
+
+    monkeypatch.setattr(clocks, "parse_sample", late)
+    quits = "print('1650, 0x4', flush=True)\nraise SystemExit(3)\n"
+    with clocks.ClockMonitor(torch.device("cuda"), command=[sys.executable, "-c", quits]) as monitor:
+        deadline = time.monotonic() + 20
+        while monitor._proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert monitor.reason.endswith("exited (status 3) after 1 samples")
+    assert [(mhz, bits) for _, mhz, bits in monitor.samples] == [(1650, 4)]
+
+
 def test_the_monitor_says_why_it_records_nothing():
     with clocks.ClockMonitor(torch.device("cpu")) as monitor:
         pass

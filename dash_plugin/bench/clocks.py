@@ -115,17 +115,18 @@ class ClockMonitor:
     def __exit__(self, *exc):
         if self._proc is not None:
             status = self._proc.poll()
-            if status is not None:   # it stopped by itself: timings after that have no clock
-                self.reason = f"{self._name()} exited (status {status}) after {len(self.samples)} samples"
-            else:
+            if status is None:
                 self._proc.terminate()
                 try:
                     self._proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     self._proc.kill()
                     self._proc.wait()
+            # The reader may still be parsing the last lines: join it before counting its samples.
             self._thread.join(timeout=5)
             self._proc.stdout.close()
+            if status is not None:   # it stopped by itself: timings after that have no clock
+                self.reason = f"{self._name()} exited (status {status}) after {len(self.samples)} samples"
             if not self.samples and self.reason is None:
                 self.reason = f"{self._name()} gave no clock samples"
         return False
