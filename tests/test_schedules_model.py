@@ -382,9 +382,18 @@ def test_auto_rule():
 
 # ----------------------------------------------------------------------------- random shapes
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import example, given, settings, strategies as st  # noqa: E402
 
 
+# The drawn examples are fixed (the hypothesis profile of conftest.py), and none of them builds an
+# `arrival` or `shift` sequence (they fall back to `descending`), so these examples make sure the
+# no-wait checks of both orders run: arrival with distinct first rows (one and two sequences),
+# the cyclic shift and the causal symmetric shift in one group, and a shift of several groups.
+@example(name="arrival", lens=[(512, 512)], bm=64, bn=64, mask=(True, -1, 0), g=None)
+@example(name="arrival", lens=[(512, 512), (200, 200)], bm=32, bn=64, mask=(True, -1, 0), g=2)
+@example(name="shift", lens=[(512, 512)], bm=64, bn=64, mask=(False, -1, -1), g=None)
+@example(name="shift", lens=[(640, 640)], bm=64, bn=64, mask=(True, -1, 0), g=None)
+@example(name="shift", lens=[(512, 512), (200, 200)], bm=32, bn=32, mask=(False, -1, -1), g=7)
 @settings(max_examples=60, deadline=None)
 @given(name=st.sampled_from([s.name for s in registry.specs() if s.ordered]),
        lens=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 700)), min_size=1, max_size=3),
