@@ -277,6 +277,19 @@ def test_remembered_answers_follow_every_source(monkeypatch):
     assert resolve_config().schedule == "descending"
     dash_plugin.reset_config()
     assert resolve_config().schedule == "shift"            # the env again
+    monkeypatch.delenv("DASH_SCHEDULE")
+    monkeypatch.setenv("DASH_DETERMINISTIC", "0")
+    assert resolve_config().deterministic is False
+    monkeypatch.delenv("DASH_DETERMINISTIC")
+    assert resolve_config().deterministic is True
+    monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", "1")   # it only turns determinism on
+    assert resolve_config().deterministic_source == "env FLASH_ATTENTION_DETERMINISTIC"
+    monkeypatch.delenv("FLASH_ATTENTION_DETERMINISTIC")
+    assert resolve_config().deterministic_source == "default"
+    entry = model(schedule="spt")   # the model config's entry, changed in place between two calls
+    assert resolve_config(model_config=entry).schedule == "spt"
+    entry.dash_attention["schedule"] = "ascending"
+    assert resolve_config(model_config=entry).schedule == "ascending"
 
 
 def test_remembered_answers_keep_types_and_malformed_values_apart():

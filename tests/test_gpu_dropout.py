@@ -124,13 +124,14 @@ def test_forward_mask_read_out_exactly(backend, d, heads, causal, seqlen_q):
     check_forward_mask(backend, d=d, hq=hq, hkv=hkv, causal=causal, seqlen_q=seqlen_q, p=0.3, what=f"{backend} forward")
 
 
-@pytest.mark.parametrize("p", [0.004, 0.3, 0.5, 0.51, 0.7, 0.99])
+@pytest.mark.parametrize("p", [0.004, 0.3, 0.5, 0.504, 0.51, 0.7, 0.99, 0.997])
 @pytest.mark.parametrize("causal", [False, True])
 @HOPPER_SKIP
 def test_hopper_forward_mask_at_thresholds_on_both_sides_of_one_half(causal, p):
     """The Hopper forward compares four draws at once by a formula that differs below and above a
     threshold of 128 (kernels/philox.py:four_draws_kept): the smallest threshold (1), one half
-    (128, the last of the lower formula), the first above (131) and the largest (253)."""
+    (128, the last of the lower formula), the first above (129, p = 0.504), the largest (255,
+    p = 0.997), and 77, 131, 179 and 253 between them."""
     hq, hkv = HEADS["mha"]
     check_forward_mask("hopper", d=128, hq=hq, hkv=hkv, causal=causal, seqlen_q=128, p=p, what=f"hopper forward p={p}")
 
@@ -277,7 +278,8 @@ def test_different_seeds_give_different_masks(backend):
 # The Hopper kernels split each 16-score Philox group between two lanes and pair the groups of a
 # thread's column quads; a tile whose quads are odd in number leaves one group unpaired. Each tile
 # shape, read out in chunks of head-dim keys (forward) and queries (backward, through dV): hdim 96
-# full (144-key forward tiles), hdim 128 full (80-query backward tiles), hdim 192 (112-key forward
+# full (144-key forward tiles), hdim 128 full (64-query backward tiles: with dropout it does not run
+FA4's 80, tile_table.DROPOUT_FULL_TILES), hdim 192 (112-key forward
 # tiles; 48 keys per warpgroup in the backward), hdim 256 (80-key forward tiles; the backward's
 # column pairs), hdim 64 causal, a window, MHA and GQA, lengths that cut tiles.
 TILE_CASES = [pytest.param(*case, marks=HOPPER_SKIP) for case in (

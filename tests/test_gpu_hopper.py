@@ -236,8 +236,9 @@ def test_tail_aligned_q_tiles_give_fa4_tilings_bits(monkeypatch, forward_grid, p
 @pytest.mark.parametrize("feature", ("causal", "band128x128", "dropout0.1"))
 @pytest.mark.parametrize("head_dim", (96, 256))
 def test_tail_aligned_q_tiles_at_other_head_dims(monkeypatch, forward_grid, poisoned_outputs, feature, head_dim):
-    """hdim 96 (192-row tiles, the persistent grid) and 256 (128 x 80 tiles, O rescaled before
-    its product): FA4's tiling's bits, with the tiles moved at some lengths."""
+    """hdim 96 (192-row tiles, P through shared memory, so FA4's one-CTA-per-tile grid: the
+    persistent grid needs P in registers) and 256 (128 x 80 tiles, O rescaled before its product):
+    FA4's tiling's bits, with the tiles moved at some lengths."""
     moved = tail_aligned_against_fa4_tiling(monkeypatch, forward_grid, poisoned_outputs, "auto", head_dim, 1,
                                             tail_mask(feature), TAIL_LENGTHS)
     assert moved >= 1, moved
@@ -533,9 +534,21 @@ def test_auto_takes_this_backend_where_it_runs_and_says_why_where_not():
 
 @pytest.mark.parametrize("padded", (False, True), ids=("dense", "padded"))
 @pytest.mark.parametrize("head_dim", (64, 128))
-def test_hugging_face_llama_through_this_backend_matches_fp32_eager(tmp_path, head_dim, padded):
-    """A padded batch reaches the kernel unpadded, as a packed (varlen) batch."""
+def test_hugging_face_llama_through_this_backend_matches_fp32_eager(monkeypatch, tmp_path, head_dim, padded):
+    """A padded batch reaches the kernel unpadded, as a packed (varlen) batch. The padding is on the
+    left, so a binding that ignored it would let every real query of that row see the padded keys
+    (on the right, the causal mask alone would hide them)."""
     import transformers
+
+    import dash_plugin.integrations.transformers as dash_hf
+    calls = []
+    through = dash_hf._flash_attention
+
+    def seen(q, k, v, **kwargs):
+        calls.append("cu_seqlens_q" in kwargs and kwargs["cu_seqlens_q"] is not None)
+        return through(q, k, v, **kwargs)
+
+    monkeypatch.setattr(dash_hf, "_flash_attention", seen)
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=4 * head_dim, intermediate_size=256, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
@@ -544,7 +557,7 @@ def test_hugging_face_llama_through_this_backend_matches_fp32_eager(tmp_path, he
     ids = torch.randint(3, 128, (2, 256), generator=torch.Generator().manual_seed(1))
     mask = torch.ones(2, 256, dtype=torch.long)
     if padded:
-        mask[0, 200:] = 0
+        mask[0, :56] = 0
 
     def run(model, device, dtype, **kw):
         model = model.to(device, dtype)
@@ -557,6 +570,7 @@ def test_hugging_face_llama_through_this_backend_matches_fp32_eager(tmp_path, he
     want = run(load("eager"), "cpu", torch.float32)
     got = run(load("dash"), "cuda", torch.bfloat16, dash_backend="hopper")
     assert dash_plugin.last_resolved().concrete_backend == "hopper"
+    assert calls and all(packed == padded for packed in calls), calls   # packed calls exactly when padded
     for a, b in zip(got, want):
         assert ((a - b).norm() / b.norm()).item() < 3e-2
 
