@@ -279,7 +279,7 @@ def test_different_seeds_give_different_masks(backend):
 # thread's column quads; a tile whose quads are odd in number leaves one group unpaired. Each tile
 # shape, read out in chunks of head-dim keys (forward) and queries (backward, through dV): hdim 96
 # full (144-key forward tiles), hdim 128 full (64-query backward tiles: with dropout it does not run
-FA4's 80, tile_table.DROPOUT_FULL_TILES), hdim 192 (112-key forward
+# FA4's 80, tile_table.DROPOUT_FULL_TILES), hdim 192 (112-key forward
 # tiles; 48 keys per warpgroup in the backward), hdim 256 (80-key forward tiles; the backward's
 # column pairs), hdim 64 causal, a window, MHA and GQA, lengths that cut tiles.
 TILE_CASES = [pytest.param(*case, marks=HOPPER_SKIP) for case in (
