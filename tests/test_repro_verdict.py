@@ -6,6 +6,7 @@ with the results of an earlier run unless told to (--force).
 Runs are hand-made (tests/repro_helpers.py) or come from stand-in training scripts: the training itself is
 tested in test_repro_train.py."""
 
+import json
 import os
 import signal
 import subprocess
@@ -140,11 +141,40 @@ def _rewrite_line(path, lineno, text):
     ('{"step": 2, "params": []}', "line 2: 'params' must be an object of tensor name -> digest (has list)"),
     ('{"step": 2, "loss": 1.5}', "line 2: 'loss' must be a hex float string or null (has 1.5)"),
     ('{"step": 2, "loss": ', "line 2: not valid JSON (column 20: Expecting value)"),
-    ('{"step": 1}', "steps.jsonl: step 1 follows step 1; the steps must increase"),
+    ('{"step": 1}', "steps.jsonl: step 1 follows step 1; every step must follow the one before it"),
+    ('{"step": 2}', "steps.jsonl: step 2 holds nothing to compare"),
+    ('{"step": 2, "loss": null, "params": {}, "grads": {}}', "steps.jsonl: step 2 holds nothing to compare"),
 ])
 def test_malformed_step_record_names_file_and_line(pair, capsys, line, message):
     _rewrite_line(pair[1] / "steps.jsonl", 2, line)
     refused(capsys, *pair, f"{pair[1] / 'steps.jsonl'}", message)
+
+
+def test_records_with_nothing_to_compare_in_both_runs_are_refused(pair, capsys):
+    # Equal because both are empty is no evidence: the verdict may not call such runs identical.
+    for run in pair:
+        for lineno in (1, 2, 3):
+            _rewrite_line(run / "steps.jsonl", lineno, json.dumps({"step": lineno}))
+    refused(capsys, *pair, "step 1 holds nothing to compare")
+
+
+def test_the_same_step_missing_from_both_runs_is_refused(pair, capsys):
+    for run in pair:
+        lines = (run / "steps.jsonl").read_text().splitlines(True)
+        (run / "steps.jsonl").write_text(lines[0] + lines[2])
+    refused(capsys, *pair, "step 3 follows step 1; every step must follow the one before it")
+
+
+def test_the_verdict_names_only_what_both_runs_recorded(pair, capsys):
+    # FingerprintCallback writes loss null on the steps the Trainer does not log: those steps compare
+    # their digests, and the verdict says at how many steps the losses were compared.
+    for run in pair:
+        lines = [json.loads(x) for x in (run / "steps.jsonl").read_text().splitlines()]
+        lines[1].update(loss=None, grad_norm=None, lr=None)
+        (run / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rc, out, _ = compare_cli(capsys, *pair)
+    assert rc == 0 and out.strip().endswith(
+        "IDENTICAL: 2 runs, 3 steps, losses (at 2 of 3 steps)/grads/weights bit-identical"), out
 
 
 def test_meta_json_that_is_a_list_is_refused(pair, capsys):

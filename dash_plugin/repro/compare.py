@@ -58,6 +58,8 @@ class Comparison:
     final_tensors: list[str] = field(default_factory=list)  # final tensors that differ
     notes: list[str] = field(default_factory=list)  # argument / environment mismatches
     weight_files: bool = True  # False: a run saved no weight file, only the digests were compared
+    # field -> the number of compared steps where both runs recorded it (what the verdict may claim)
+    coverage: dict[str, int] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:
@@ -66,7 +68,7 @@ class Comparison:
     def verdict(self) -> str:
         if self.identical:
             weights = "weights" if self.weight_files else "weight digests (no weight file saved)"
-            return f"IDENTICAL: 2 runs, {self.steps_a} steps, losses/grads/{weights} bit-identical"
+            return f"IDENTICAL: 2 runs, {self.steps_a} steps, {self._checked()}/{weights} bit-identical"
         if self.first is not None:
             return f"DIFFERENT: first difference at step {self.first.step}: {self.first.describe()}"
         if self.steps_a != self.steps_b:
@@ -74,6 +76,15 @@ class Comparison:
                     f"the first {min(self.steps_a, self.steps_b)} are bit-identical")
         return (f"DIFFERENT: all {self.steps_a} steps equal but the final weights differ: "
                 f"{', '.join(self.final_tensors[:4]) or 'file hash'}")
+
+    def _checked(self) -> str:
+        """'losses/grads', naming only what both runs recorded, and at how many steps where not at all."""
+        parts = []
+        for key, name in (("loss", "losses"), ("grads", "grads")):
+            n = self.coverage.get(key, self.steps_a)
+            if n:
+                parts.append(name if n == self.steps_a else f"{name} (at {n} of {self.steps_a} steps)")
+        return "/".join(parts) or "per-step records"
 
     def report(self) -> str:
         lines = [f"A: {self.run_a} ({self.steps_a} steps)", f"B: {self.run_b} ({self.steps_b} steps)"]
@@ -144,10 +155,22 @@ def load_steps(path) -> list[dict]:
                            f"(write one with examples/train_accelerate.py --out {path})")
     steps = read_jsonl(path / STEPS, check=_step_problem)
     for before, after in zip(steps, steps[1:]):
-        if after["step"] <= before["step"]:
+        if after["step"] != before["step"] + 1:
+            # Both writers (the training example, FingerprintCallback) record every optimizer step: a gap
+            # is a lost record, and two runs that lost the same one would otherwise compare equal.
             raise RunFileError(f"{path / STEPS}: step {after['step']} follows step {before['step']}; "
-                               f"the steps must increase")
+                               f"every step must follow the one before it (step + 1)")
+    for record in steps:
+        if not _compared_fields(record):
+            raise RunFileError(f"{path / STEPS}: step {record['step']} holds nothing to compare (no loss, grad "
+                               f"norm or lr, no parameter or gradient digests)")
     return steps
+
+
+def _compared_fields(record: dict) -> set[str]:
+    """The fields of a step record that carry something to compare."""
+    return ({k for k in EXACT_FIELDS if record.get(k) is not None}
+            | {k for k in DIGEST_FIELDS if record.get(k)})
 
 
 def _read_object(path: Path, what: str) -> dict:
@@ -296,5 +319,7 @@ def compare_runs(run_a, run_b) -> Comparison:
     notes = _notes(a.meta, b.meta)
     if not weight_files:
         notes.append("a run saved no weight file: its final weights are compared by their recorded digests only")
+    coverage = {key: sum(key in _compared_fields(x) and key in _compared_fields(y) for x, y in zip(a.steps, b.steps))
+                for key in (*EXACT_FIELDS, *DIGEST_FIELDS)}
     return Comparison(str(run_a), str(run_b), len(a.steps), len(b.steps), first, final_equal, final_tensors, notes,
-                      weight_files)
+                      weight_files, coverage)
