@@ -97,6 +97,26 @@ def forward_grid(monkeypatch):
     return run
 
 
+@pytest.mark.parametrize("head_dim, causal", ((64, True), (128, True), (64, False)))
+def test_persistent_forward_dealt_for_half_the_sms_gives_the_same_bits(monkeypatch, head_dim, causal):
+    """The persistent grid's deal depends on the SM count (fwd_tile_order.work_table); the bits must
+    not: a plan dealt for half the SMs runs half the CTAs (asserted) and gives the full grid's bits."""
+    from dash_plugin.kernels.hopper import fwd_sm90
+    g = torch.Generator(device="cuda").manual_seed(12)
+    q, k, v = (torch.randn(4, 2048, 8, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    call = dict(softmax_scale=head_dim ** -0.5, causal=causal)
+    monkeypatch.setattr(fwd_sm90, "_plans", {})
+    full = fwd_sm90.plan_of(q, k, v, causal=causal)
+    whole = hopper.attention_forward(q, k, v, **call)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    monkeypatch.setattr(fwd_sm90, "_sm_count", lambda device: sms // 2)
+    monkeypatch.setattr(fwd_sm90, "_plans", {})
+    half = fwd_sm90.plan_of(q, k, v, causal=causal)
+    assert (full.ctas, half.ctas) == (sms, sms // 2)
+    halved = hopper.attention_forward(q, k, v, **call)
+    assert torch.equal(whole[0], halved[0]) and torch.equal(whole[1], halved[1])
+
+
 @pytest.mark.parametrize("feature", ("causal", "full", "causal-window256", "band128x128", "full-softcap30",
                                      "dropout0.1", "dropout0.7"))
 @pytest.mark.parametrize("gqa", (1, 4))
@@ -481,15 +501,20 @@ def test_same_bits_while_other_work_occupies_sms(schedule, seqlen):
     alone = backward(p, schedule)
     side = torch.cuda.Stream()
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    busy_at_launch = 0
     with hang_guard(300):
         for _ in range(3):
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 for _ in range(20):
                     a @ a
+                side_done = torch.cuda.Event()
+                side_done.record(side)
+            busy_at_launch += not side_done.query()   # the matmuls still hold SMs as the backward is enqueued
             again = backward(p, schedule)
             torch.cuda.synchronize()
             assert all(torch.equal(x, y) for x, y in zip(alone, again))
+    assert busy_at_launch == 3, "the side stream finished before the backward was launched: no overlap"
 
 
 _DIGEST_SNIPPET = """

@@ -148,3 +148,21 @@ def test_the_simulator_draws_the_plan():
     assert {b.sm for b in res.blocks if b.unit == 9} == {9 % 8}
     with pytest.raises(ValueError, match="no schedule"):
         simulate_plan(launch_plan(s, "shift", tiles=None, device=DeviceProps(1, concurrent=False)))
+
+
+@pytest.mark.parametrize("schedule", ("ascending", "descending", "spt", "arrival", "shift"))
+@pytest.mark.parametrize("causal", (True, False), ids=("causal", "full"))
+def test_the_order_does_not_depend_on_the_sm_count(schedule, causal):
+    """The addition order of every dQ tile (the tables: Q tile, rank, workers, launch order) is the
+    same for a GPU holding 132, 66 or 16 programs at once: the bits cannot depend on the SM count.
+    Only the persistent grid's size may."""
+    plans = [launch_plan(shape(2048, 2048, causal=causal), schedule, tiles=Tiles(64, 128),
+                         device=DeviceProps(resident_programs=n)) for n in (132, 66, 16)]
+    first = plans[0]
+    assert first.tables is not None
+    for plan in plans[1:]:
+        assert plan.resident_programs != first.resident_programs
+        for name in ("q_tile", "rank", "num_workers"):
+            assert torch.equal(getattr(plan.tables, name), getattr(first.tables, name)), name
+        assert torch.equal(plan.worker_order, first.worker_order)
+        assert plan.work_items() == first.work_items()
