@@ -80,6 +80,14 @@ def attention_backward(dout, q, k, v, out, lse, *, schedule: str = "ascending", 
     """(dq, dk, dv): the launch plan of `schedule` for this call's shape and the chosen backend's
     tiles and device, run by that backend."""
     registry.check_call(schedule, deterministic, where="")
+    chosen, plan = backward_plan(q, k, schedule=schedule, backend=backend, **kw)
+    return chosen.backward(plan, dout, q, k, v, out, lse, **kw)
+
+
+def backward_plan(q, k, *, schedule: str, backend: str = "auto", **kw):
+    """(backend, launch plan) of a backward: what `attention_backward` runs. Its schedule may hold
+    a fallback order where the named one does not apply (`plan.schedule.variants` says which,
+    e.g. "descending (fallback: not a causal mask)" for `arrival` on a full mask)."""
     spec, req = request(q, k, schedule, **kw)
     chosen = backends.choose(backend, req, spec.backends)
     shape = launch_plans.AttentionShape.of(
@@ -87,4 +95,4 @@ def attention_backward(dout, q, k, v, out, lse, *, schedule: str = "ascending", 
         causal=kw.get("causal", False), window_left=kw.get("window_left", -1),
         window_right=kw.get("window_right", -1))
     plan = launch_plans.launch_plan(shape, schedule, tiles=chosen.tiles(req), device=chosen.device_props(q.device))
-    return chosen.backward(plan, dout, q, k, v, out, lse, **kw)
+    return chosen, plan

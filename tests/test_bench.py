@@ -368,7 +368,7 @@ def test_cli_tiny_cpu_run_end_to_end(tmp_path, capsys):
     out = tmp_path / "out"
     rc = cli.main(["--device", "cpu", "--tiny", "--impls", "sdpa-math,dash-auto,dash-shift", "--repeats", "3",
                    "--rep-ms", "5", "--warmup-ms", "0", "--out", str(out),
-                   "--write-auto-table", str(tmp_path / "auto.json")])
+                   "--write-auto-table", str(tmp_path / "auto.json"), "--auto-table-backend", "reference"])
     assert rc == 0
     res = report.read_json(str(out / "results.json"))
     assert [p["key"] for p in res["points"]] == ["hdim64-causal-s128", "hdim64-causal-s256",
@@ -696,3 +696,67 @@ def test_random_inputs_have_the_points_shape_and_repeat():
     assert all(t.dtype == torch.bfloat16 for t in a)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not torch.equal(a[0], a[1])
+
+
+def test_a_column_that_ran_a_fallback_order_is_marked_and_left_out_of_the_targets():
+    """dash-shift at a point where shift does not apply runs the fallback its plan names: the cell says
+    so (`fb`, and the list above the tables), and the shift target does not count it as shift's figure."""
+    res = _synthetic_results()
+    target = "DASH: shift vs ascending, full hdim64 S=2k"
+    assert {r["title"]: r for r in report.evaluate_targets(res)}[target]["verdict"] == "met"
+    for c in res["cells"]:
+        if c["impl"] == "dash-shift" and c["point"] == "hdim64-full-s2048":
+            c["plan_variants"] = ["descending (fallback: block_n 48 not a multiple of block_m 64)"]
+    md = report.render_markdown(res)
+    assert " fb |" in md
+    assert "dash-shift at hdim64-full-s2048 -> descending (fallback: block_n 48 not a multiple of block_m 64)" in md
+    assert {r["title"]: r for r in report.evaluate_targets(res)}[target]["verdict"] == "not measured"
+
+
+def test_call_info_records_the_orders_the_backward_plan_holds():
+    """Under the Triton interpreter: `arrival` on a full mask runs descending (its plan's fallback),
+    on a causal one arrival itself; the cell records which."""
+    from types import SimpleNamespace
+
+    import dash_plugin
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 128, 1, 32, generator=g) for _ in range(3))
+    for causal, want in ((False, ["descending (fallback: not a causal mask)"]), (True, ["arrival"])):
+        dash_plugin.flash_attention(q, k, v, causal=causal, schedule="arrival", backend="triton")
+        info = peers._dash_call_info(q, k, SimpleNamespace(causal=causal))
+        assert (info["schedule_resolved"], info["kernel"], info["plan_variants"]) == ("arrival", "triton", want)
+        assert bool(report.ran_a_fallback(info)) is not causal
+
+
+def test_the_auto_table_counts_only_the_triton_backends_cells():
+    """auto_table.py serves calls that run on Triton: on an sm90 machine the dash-<schedule> columns
+    run the Hopper kernels (kernel "hopper") and must not decide it; dash-triton-<schedule> columns do."""
+    import copy
+    res = _synthetic_results()
+    for c in res["cells"]:
+        if c["impl"].startswith("dash-"):
+            c["kernel"] = "hopper"
+    with pytest.raises(ValueError, match="no deterministic dash schedule ran successfully on the triton backend"):
+        autotable.write_auto_table(res, "unused.json")
+    triton = []
+    for c in res["cells"]:
+        if c["impl"] == "dash-ascending":
+            t = copy.deepcopy(c)
+            t.update(impl="dash-triton-ascending", kernel="triton", bwd_tflops=123.0)
+            triton.append(t)
+    res["cells"] += triton
+    rules = autotable.derive_auto_table(res)["rules"]
+    assert rules and {r["schedule"] for r in rules} == {"ascending"}
+    assert all(set(m) == {"ascending"} and set(m.values()) == {123.0} for r in rules for m in r["measured"].values())
+    assert autotable.derive_auto_table(res, "hopper")["rules"]   # the Hopper cells, when asked for
+
+
+def test_the_documented_targets_are_the_ones_the_report_judges():
+    """docs/benchmarks/README.md's targets table: one row per target of report.TARGETS, with its goal."""
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "benchmarks" / "README.md").read_text()
+    block = text[text.index("- **Targets**"):text.index("With `--dropout P` two more rows")]
+    documented = sorted(re.findall(r"\| ([≥≤]) (\d+\.\d\d) \|$", block, re.M))
+    judged = sorted(("≥" if t.higher_is_better else "≤", f"{t.goal:.2f}") for t in report.TARGETS)
+    assert documented == judged

@@ -13,14 +13,18 @@ Two outputs of ``--write-auto-table PATH``:
   (``"format": "dash-auto-table/1"``), for review::
 
     {"format": "dash-auto-table/1", "source": {"gpu": ..., "sm_count": ..., "date": ...},
-     "candidates": ["ascending", "spt", "descending", "shift"],
+     "candidates": ["ascending", "spt", "descending", "shift", "arrival", "split"], "backend": "triton",
      "rules": [{"head_dim": 128, "mask": "causal", "seqlen_min": 0, "seqlen_max": 2896,
                 "schedule": "descending", "measured": {"1024": {"ascending": 301.2, ...}, ...}}]}
 
   There a rule covers ``seqlen_min <= seqlen < seqlen_max`` (null: unbounded).
 
 Choices: at each measured MHA point, the candidate with the highest backward TFLOP/s among the
-cells that ran and passed the bitwise check (ties: the earlier candidate). Neighbouring seqlens
+cells that ran on the Triton backend and passed the bitwise check (ties: the earlier candidate):
+``dash-<schedule>`` and ``dash-triton-<schedule>`` columns whose recorded kernel is Triton, since
+this table serves the calls that run there (the Hopper backend has its own, auto_table_hopper.py;
+on an sm90 machine the ``dash-<schedule>`` columns run the Hopper kernels and are left out). A cell
+whose backward ran its plan's fallback order is not counted for the order it names. Neighbouring seqlens
 with the same winner merge; a range boundary sits at the geometric mean of the two measured
 seqlens around it. A head dim maps to the smallest measured head dim at least as large (kernels
 pad head dims up), the largest measured one covering everything above.
@@ -40,22 +44,32 @@ from .report import index_cells, ok_value
 FORMAT = "dash-auto-table/1"
 CANDIDATES = registry.names(deterministic=True)   # what auto may return
 STRUCTURAL_KEYS = ("equal_lengths", "varlen")   # shapes the benchmark does not measure
+BACKEND = "triton"   # the backend whose calls auto_table.py serves (tests of the CPU pipeline pass another)
 
 
-def _winner(cells: dict, point_key: str) -> tuple[Optional[str], dict]:
+def _counts(cells: dict, point_key: str, name: str, backend: str) -> Optional[float]:
+    """A cell's backward TFLOP/s if it may decide the table: it ran on `backend` (cells of runs that
+    did not record a kernel predate the Hopper backend: Triton) and passed the bitwise check."""
+    value = ok_value(cells, point_key, name, "bwd_tflops")
+    cell = cells.get((point_key, name))
+    if value is None or cell.get("deterministic") is not True or cell.get("kernel", "triton") != backend:
+        return None
+    return round(value, 1)
+
+
+def _winner(cells: dict, point_key: str, backend: str) -> tuple[Optional[str], dict]:
     measured = {}
     for schedule in CANDIDATES:
-        name = f"dash-{schedule}"
-        value = ok_value(cells, point_key, name, "bwd_tflops")
-        if value is not None and cells[(point_key, name)].get("deterministic") is True:
-            measured[schedule] = round(value, 1)
+        found = [v for name in (f"dash-{schedule}", f"dash-{backend}-{schedule}")
+                 if (v := _counts(cells, point_key, name, backend)) is not None]
+        if found:
+            measured[schedule] = max(found)
     # A run may leave out a schedule's own column because dash-auto already runs it: the auto
     # cell then measures the schedule it resolved to.
     auto = cells.get((point_key, "dash-auto"))
-    value = ok_value(cells, point_key, "dash-auto", "bwd_tflops")
-    if (value is not None and auto.get("deterministic") is True and auto.get("schedule_resolved") in CANDIDATES
-            and auto["schedule_resolved"] not in measured):
-        measured[auto["schedule_resolved"]] = round(value, 1)
+    value = _counts(cells, point_key, "dash-auto", backend)
+    if value is not None and auto.get("schedule_resolved") in CANDIDATES and auto["schedule_resolved"] not in measured:
+        measured[auto["schedule_resolved"]] = value
     if not measured:
         return None, measured
     best = max(measured.values())
@@ -66,14 +80,15 @@ def _boundary(lo: int, hi: int) -> int:
     return int(math.sqrt(lo * hi))
 
 
-def derive_auto_table(results: dict) -> dict:
-    """The winners as JSON-ready data (rules sorted by mask, head dim, seqlen)."""
+def derive_auto_table(results: dict, backend: str = BACKEND) -> dict:
+    """The winners among the cells that ran on `backend`, as JSON-ready data (rules sorted by mask,
+    head dim, seqlen)."""
     cells = index_cells(results)
     groups: dict = {}
     for p in results["points"]:
         if p["heads_q"] != p["heads_kv"]:
             continue
-        schedule, measured = _winner(cells, p["key"])
+        schedule, measured = _winner(cells, p["key"], backend)
         if schedule is not None:
             groups.setdefault((p["mask"], p["hdim"]), []).append((p["seqlen"], schedule, measured))
     rules = []
@@ -93,7 +108,7 @@ def derive_auto_table(results: dict) -> dict:
     return {"format": FORMAT,
             "source": {k: env.get(k) for k in ("gpu", "sm_count", "torch", "triton", "cuda", "date", "git_commit")},
             "metric": "backward TFLOP/s of the deterministic schedules (cells that passed the bitwise check)",
-            "candidates": list(CANDIDATES),
+            "candidates": list(CANDIDATES), "backend": backend,
             "rules": rules}
 
 
@@ -118,12 +133,17 @@ def _source_text(rule: dict, env: dict) -> str:
             f"bwd TFLOP/s {figures}")
 
 
-def auto_table_rules(results: dict, structural: list[dict]) -> list[dict]:
-    """Rules in auto_table.py's format: the structural ones (kept as they are), then the measured ones."""
-    table = derive_auto_table(results)
+def _checked_table(results: dict, backend: str) -> dict:
+    table = derive_auto_table(results, backend)
     if not table["rules"]:
-        raise ValueError("no deterministic dash schedule ran successfully in these results: cannot derive "
-                         "an auto table (run with --impls 'dash-*')")
+        raise ValueError(f"no deterministic dash schedule ran successfully on the {backend} backend in these "
+                         f"results: cannot derive an auto table (run with --impls 'dash-*,dash-{backend}-*')")
+    return table
+
+
+def auto_table_rules(results: dict, structural: list[dict], backend: str = BACKEND) -> list[dict]:
+    """Rules in auto_table.py's format: the structural ones (kept as they are), then the measured ones."""
+    table = _checked_table(results, backend)
     env = results.get("env", {})
     out = [dict(r) for r in structural if r.get("mask") == "window" or any(k in r for k in STRUCTURAL_KEYS)]
     for mask in ("causal", "full"):
@@ -145,16 +165,18 @@ def auto_table_rules(results: dict, structural: list[dict]) -> list[dict]:
     return out
 
 
-def render_auto_table_py(results: dict, structural: list[dict], *, results_path: Optional[str] = None) -> str:
+def render_auto_table_py(results: dict, structural: list[dict], *, results_path: Optional[str] = None,
+                         backend: str = BACKEND) -> str:
     env = results.get("env", {})
-    rules = auto_table_rules(results, structural)
+    rules = auto_table_rules(results, structural, backend)
     body = ",\n".join("    " + pprint.pformat(r, width=110, sort_dicts=False).replace("\n", "\n    ")
                       for r in rules)
     return (f'"""Data for schedule=\'auto\' (read by auto.py). First matching rule wins.\n\n'
             f"Keys: mask (full | causal | window: any sliding window, causal or not); head_dim_max and\n"
             f"seqlen_max (inclusive upper bounds, absent = any; seqlen is max(seqlen_q, seqlen_k), for varlen\n"
             f"the longest sequence); equal_lengths (True/False: seqlen_q == seqlen_k); varlen (True/False);\n"
-            f"schedule (ascending | spt | descending | shift); source (why).\n\n"
+            f"schedule (a deterministic schedule of the registry); source (why). These rules serve the\n"
+            f"calls that run on the Triton backend (the Hopper backend's come first, auto_table_hopper.py).\n\n"
             f"Generated by `dash-bench --write-auto-table` from {results_path or 'a dash-bench run'}\n"
             f"({env.get('gpu')}, {env.get('sm_count')} SMs, torch {env.get('torch')}, triton {env.get('triton')}, "
             f"{env.get('date')}, commit {env.get('git_commit')}).\n"
@@ -172,20 +194,18 @@ def current_structural_rules() -> list[dict]:
         return []
 
 
-def write_auto_table(results: dict, path: str, *, results_path: Optional[str] = None):
-    """Write the table (.py: auto_table.py format; otherwise JSON). Returns the rules written."""
+def write_auto_table(results: dict, path: str, *, results_path: Optional[str] = None, backend: str = BACKEND):
+    """Write the table of the cells that ran on `backend` (.py: auto_table.py format; otherwise JSON).
+    Returns the rules written."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if path.endswith(".py"):
-        text = render_auto_table_py(results, current_structural_rules(), results_path=results_path)
+        text = render_auto_table_py(results, current_structural_rules(), results_path=results_path, backend=backend)
         namespace: dict = {}
         exec(compile(text, path, "exec"), namespace)   # never write a file that does not load
         with open(path, "w") as f:
             f.write(text)
         return namespace["RULES"]
-    table = derive_auto_table(results)
-    if not table["rules"]:
-        raise ValueError("no deterministic dash schedule ran successfully in these results: cannot derive "
-                         "an auto table (run with --impls 'dash-*')")
+    table = _checked_table(results, backend)
     with open(path, "w") as f:
         json.dump(table, f, indent=1)
         f.write("\n")

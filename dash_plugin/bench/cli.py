@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--write-auto-table", default=None, metavar="PATH",
                     help="derive the auto schedule table from the results (this run's or --from-json's): "
                          "PATH.py in dash_plugin/schedules/auto_table.py's format, else JSON with the figures")
+    ap.add_argument("--auto-table-backend", default="triton", choices=("triton", "reference"),
+                    help="the backend whose cells decide the auto table (default triton: auto_table.py serves "
+                         "the calls that run there; reference: the CPU pipeline check)")
     return ap
 
 
@@ -121,7 +124,8 @@ def _finish(results, args, command) -> int:
         print(f"  target: {row['title']}: {value} (goal {row['op']} {row['goal']:.2f}x) -> {row['verdict']}")
     if args.write_auto_table:
         from .autotable import write_auto_table
-        rules = write_auto_table(results, args.write_auto_table, results_path=args.from_json)
+        rules = write_auto_table(results, args.write_auto_table, results_path=args.from_json,
+                                 backend=args.auto_table_backend)
         print(f"wrote {args.write_auto_table} ({len(rules)} rules)")
     return 0
 

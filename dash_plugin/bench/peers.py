@@ -38,7 +38,7 @@ class Impl:
     claims_deterministic: Optional[bool] = None   # what the implementation promises (checked separately)
     schedule: Optional[str] = None
     probe: Callable[[], Optional[str]] = lambda: None   # reason it is unavailable, or None
-    call_info: Optional[Callable[[torch.Tensor], dict]] = None   # facts about the last call, kept in the cell
+    call_info: Optional[Callable[..., dict]] = None   # (q, k, point) -> facts about the last call, kept in the cell
     tags: dict = field(default_factory=dict)
     # --dropout: (point, device, dropout_p, seed) -> fn(q, k, v) with dropout; None: the
     # implementation has no dropout, and `no_dropout` says so in the reports (never a figure).
@@ -120,9 +120,11 @@ def _dash_build_dropout(schedule: str, backend: str = "auto"):
     return build
 
 
-def _dash_call_info(q: torch.Tensor) -> dict:
-    """What our last call really ran: the concrete schedule (what ``auto`` chose) and the kernel
-    backend (Triton, or the plain-PyTorch reference, which would make a GPU figure meaningless)."""
+def _dash_call_info(q: torch.Tensor, k: torch.Tensor, point: Point) -> dict:
+    """What our last call really ran: the concrete schedule (what ``auto`` chose), the kernel
+    backend (Triton, or the plain-PyTorch reference, which would make a GPU figure meaningless), and
+    the orders its backward's launch plan holds (`plan_variants`: a named order that does not apply
+    to the shape falls back to another, e.g. `arrival` on a full mask runs `descending`)."""
     info = {}
     try:
         from dash_plugin.config import last_resolved
@@ -132,7 +134,16 @@ def _dash_call_info(q: torch.Tensor) -> dict:
             info["kernel"] = resolved.concrete_backend or resolved.backend
     except Exception:
         pass
+    schedule = info.get("schedule_resolved")
+    if schedule in registry.names() and registry.get(schedule).ordered and info.get("kernel"):
+        from dash_plugin import checks, dispatch
+        left, right = checks.check_window((-1, -1), point.causal)
+        _, plan = dispatch.backward_plan(q, k, schedule=schedule, backend=info["kernel"], causal=point.causal,
+                                         window_left=left, window_right=right)
+        if plan.schedule is not None:
+            info["plan_variants"] = sorted(set(plan.schedule.variants))
     return info
+
 
 
 def _hopper_probe() -> Optional[str]:

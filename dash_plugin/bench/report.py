@@ -21,13 +21,21 @@ SUSPECT_ERR = 0.05
 
 
 # ---------------------------------------------------------------------------- access helpers
+def ran_a_fallback(cell: dict) -> list[str]:
+    """The fallback orders a dash cell's backward ran instead of its named schedule (empty: none;
+    the runner records the launch plan's variants as `plan_variants`)."""
+    return [v for v in cell.get("plan_variants", []) if "fallback" in v]
+
+
 def index_cells(results: dict) -> dict:
     return {(c["point"], c["impl"]): c for c in results["cells"]}
 
 
 def ok_value(cells: dict, point: str, impl: str, metric: str) -> Optional[float]:
+    """A cell's figure for the targets; None where it has none, or where its backward ran a fallback
+    order (it is no evidence for the order its column names)."""
     cell = cells.get((point, impl))
-    if cell is None or cell.get("status") != "ok" or cell.get(metric) is None:
+    if cell is None or cell.get("status") != "ok" or cell.get(metric) is None or ran_a_fallback(cell):
         return None
     return float(cell[metric])
 
@@ -344,6 +352,8 @@ def _cell_text(cell: Optional[dict], metric: str) -> str:
     text = f"{value:.1f}" if value >= 10 else f"{value:.3g}"   # CPU runs give tiny figures
     if metric == "bwd_tflops" and cell.get("deterministic") is False:
         text += " nd"
+    if metric == "bwd_tflops" and ran_a_fallback(cell):
+        text += " fb"
     if metric.endswith("_tflops") and (cell.get("max_rel_err") or 0.0) > SUSPECT_ERR:
         text += " WRONG"
     return text
@@ -400,6 +410,11 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
                 if c["impl"] == "dash-auto" and c.get("schedule_resolved")}
     if resolved:
         out.append("- dash-auto ran: " + ", ".join(f"{k} -> {v}" for k, v in resolved.items()))
+    fallbacks = [f"{c['impl']} at {c['point']} -> {'; '.join(ran_a_fallback(c))}" for c in results["cells"]
+                 if ran_a_fallback(c)]
+    if fallbacks:
+        out.append("- `fb`: a column whose named order does not apply to the point ran the fallback its launch "
+                   "plan names: " + ", ".join(fallbacks))
     # Runs before 2026-11-24 timed the forward once; a re-rendered old run must not claim two.
     twice = any("fwd_ms_runs" in c for c in results["cells"])
     fwd_timing = "; forward: the faster of two medians, timed before and after the backward" if twice else ""
@@ -417,7 +432,8 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
                    f"{row['verdict']} | {row['detail']} |")
     sections = [
         ("Backward TFLOP/s", "bwd_tflops", "`nd`: the bitwise check found differing gradients (non-deterministic). "
-         f"`WRONG`: error against the point's reference above {SUSPECT_ERR}."),
+         f"`WRONG`: error against the point's reference above {SUSPECT_ERR}. `fb`: the named order does not "
+         "apply here and the backward ran its fallback (listed above)."),
         ("Forward TFLOP/s", "fwd_tflops", "Forward with inputs that require grad (the training forward)."),
         ("Bitwise-deterministic backward (checked)", "deterministic",
          "`no (k/n)`: k of the n repeated backward passes differed from the first."),

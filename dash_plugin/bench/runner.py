@@ -197,7 +197,7 @@ def run_cell(impl: Impl, point: Point, inputs, device: torch.device, settings: S
             # every figure below.
             out = forward()
             if impl.call_info is not None:
-                cell.update(impl.call_info(q))
+                cell.update(impl.call_info(q, k, point))
             torch.autograd.grad(out, (q, k, v), dout)
             del out
             _sync(device)
