@@ -47,12 +47,18 @@ def test_the_monitor_samples_a_command_until_closed():
     assert monitor.describe() == {"interval_ms": 50, "samples": 3, "reason": None}
 
 
-def test_a_sampler_that_stops_early_or_gives_nothing_is_reported():
-    quits = "import time\nprint('1650, 0x4', flush=True)\nraise SystemExit(3)\n"
+def _monitor_a_sampler_that_quits():
+    """A monitor closed after its sampler printed one sample and exited with status 3."""
+    quits = "print('1650, 0x4', flush=True)\nraise SystemExit(3)\n"
     with clocks.ClockMonitor(torch.device("cuda"), command=[sys.executable, "-c", quits]) as monitor:
         deadline = time.monotonic() + 20
         while monitor._proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
+    return monitor
+
+
+def test_a_sampler_that_stops_early_or_gives_nothing_is_reported():
+    monitor = _monitor_a_sampler_that_quits()
     assert monitor.reason.endswith("exited (status 3) after 1 samples")
     silent = "import time\ntime.sleep(30)\n"
     with clocks.ClockMonitor(torch.device("cuda"), command=[sys.executable, "-c", silent]) as monitor:
@@ -70,11 +76,7 @@ def test_a_sampler_that_stopped_is_counted_after_its_reader_finished(monkeypatch
         return parse(line)
 
     monkeypatch.setattr(clocks, "parse_sample", late)
-    quits = "print('1650, 0x4', flush=True)\nraise SystemExit(3)\n"
-    with clocks.ClockMonitor(torch.device("cuda"), command=[sys.executable, "-c", quits]) as monitor:
-        deadline = time.monotonic() + 20
-        while monitor._proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+    monitor = _monitor_a_sampler_that_quits()
     assert monitor.reason.endswith("exited (status 3) after 1 samples")
     assert [(mhz, bits) for _, mhz, bits in monitor.samples] == [(1650, 4)]
 
