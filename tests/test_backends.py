@@ -124,10 +124,17 @@ def test_the_api_names_the_backend_that_ran():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton interpreter runs without CUDA")
-def test_the_triton_backend_through_the_api_in_the_interpreter():
+def test_the_triton_backend_through_the_api_in_the_interpreter(monkeypatch):
+    triton = backends.get("triton")
+    ran = []
+    for name in ("forward", "backward"):   # the record says Triton was chosen; these say it ran
+        method = getattr(triton, name)
+        monkeypatch.setattr(triton, name, lambda *a, _m=method, _n=name, **kw: ran.append(_n) or _m(*a, **kw))
     ref = _call(schedule="spt")
+    assert ran == []
     tri = _call(schedule="spt", backend="triton")
     assert dash_plugin.last_resolved().concrete_backend == "triton"
+    assert ran == ["forward", "backward"], ran
     for a, b in zip(tri, ref):
         assert ((a - b).norm() / b.norm()).item() < 1e-5
     with pytest.raises(ValueError, match="backend='triton' cannot run this call: dtype torch.bfloat16 on cpu"):
@@ -146,6 +153,8 @@ def test_the_ops_carry_the_backend():
         torch.ops.dash.fwd(*args, "bogus")
     grads = torch.ops.dash.bwd(torch.ones_like(out), q, k, v, out, lse, None, None, *args[5:], "reference")
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    with pytest.raises(ValueError, match="backend='bogus'"):   # the backward reads its backend argument too
+        torch.ops.dash.bwd(torch.ones_like(out), q, k, v, out, lse, None, None, *args[5:], "bogus")
 
 
 def test_backends_load_inside_a_compiled_region(monkeypatch):

@@ -238,15 +238,28 @@ def test_no_warning_when_nothing_lower_asked_for_determinism(recwarn):
 
 def test_compiled_calls_follow_the_switch(monkeypatch):
     """torch.compile(fullgraph=True) traces the switch: the graph is guarded on the thread's
-    dash_config stack (a ContextVar cannot be traced), and the warning is given when traced."""
+    dash_config stack (a ContextVar cannot be traced), and the warning is given when traced. What
+    the op receives is checked too (the op runs eagerly inside the graph), not only the record."""
+    from dash_plugin import dispatch
+    received = []
+    forward = dispatch.attention_forward
+
+    def spy(*args, schedule=None, **kw):
+        received.append(schedule)
+        return forward(*args, schedule=schedule, **kw)
+
+    monkeypatch.setattr(dispatch, "attention_forward", spy)
     x = torch.randn(1, 8, 2, 16)
     compiled = torch.compile(lambda x: dash_plugin.flash_attention(x, x, x, causal=True), fullgraph=True)
-    seen = []
+    seen, concrete = [], []
     for context in (dict(schedule="descending"), dict(), dict(schedule="spt")):
         with dash_plugin.dash_config(**context):
             compiled(x)
         seen.append(dash_plugin.last_resolved().schedule)
+        concrete.append(dash_plugin.last_resolved().concrete_schedule)
     assert seen == ["descending", "auto", "spt"]
+    assert received == concrete and concrete[0] == "descending" and concrete[2] == "spt", (received, concrete)
+    assert concrete[1] not in ("descending", "spt", "auto"), concrete   # auto's own choice for this shape
     torch.use_deterministic_algorithms(True)
     monkeypatch.setenv("DASH_DETERMINISTIC", "0")
     with pytest.warns(UserWarning, match=r"deterministic=False \(from env DASH_DETERMINISTIC\) overrides"):

@@ -243,8 +243,19 @@ def test_chunked_prefill_with_cache_matches_eager(saved):
 
 
 @pytest.mark.parametrize("name", ["llama", "mistral"])
-def test_static_cache_matches_eager(saved, name):
-    """A static cache has unused key slots and, without padding, no mask: they must not be attended."""
+def test_static_cache_matches_eager(monkeypatch, saved, name):
+    """A static cache has unused key slots and, without padding, no mask: they must not be attended
+    (llama: the binding cuts them). Mistral's sliding-window cache holds no unused slot: nothing may
+    be cut there. Both are counted, so neither case passes by another path."""
+    trim = dash_hf._trim_unused_cache
+    cuts = []
+
+    def counted(k, v, position_ids, q_len):
+        out = trim(k, v, position_ids, q_len)
+        cuts.append(out[0].shape[1] < k.shape[1])
+        return out
+
+    monkeypatch.setattr(dash_hf, "_trim_unused_cache", counted)
     ids = torch.stack(tokens([9, 9], seed=13))
     outs = {}
     for impl in ["eager", "dash"]:
@@ -255,6 +266,7 @@ def test_static_cache_matches_eager(saved, name):
         rest = model(input_ids=ids[:, 7:], past_key_values=cache, use_cache=True).logits
         outs[impl] = torch.cat([first, step, rest], 1).detach()
     assert_close(outs["dash"], outs["eager"], f"{name} static-cache logits")
+    assert cuts and any(cuts) == (name == "llama"), cuts
 
 
 def test_bidirectional_encoder_padded_matches_eager():

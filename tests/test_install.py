@@ -25,13 +25,26 @@ def test_triton_is_an_extra_not_a_requirement():
 
 def test_the_cpu_path_never_imports_triton():
     """Training a tiny Hugging Face model with attn_implementation="dash" on the CPU, with every
-    import of triton failing: nothing asks for it."""
+    import of triton failing: none of our code asks for it (an import it guards with try/except
+    would be swallowed, so the finder records who asked)."""
     script = textwrap.dedent("""
+        import os
         import sys
+        import traceback
+
+        import importlib.util
+        ROOT = os.path.dirname(os.path.dirname(os.path.abspath(importlib.util.find_spec("dash_plugin").origin)))
+        OURS = tuple(os.path.join(ROOT, d) + os.sep for d in ("dash_plugin", "kernels", "integrations"))
+        asked = []
 
         class NoTriton:
             def find_spec(self, name, path=None, target=None):
                 if name == "triton" or name.startswith("triton."):
+                    # the frame that imports: the innermost one outside the import machinery and this finder
+                    importer = [f for f in traceback.extract_stack()[:-1]
+                                if not f.filename.startswith("<frozen") and "importlib" not in f.filename][-1]
+                    if os.path.abspath(importer.filename).startswith(OURS):
+                        asked.append((name, f"{importer.filename}:{importer.lineno}"))
                     raise ImportError("triton is not installed")
 
         sys.meta_path.insert(0, NoTriton())
@@ -49,6 +62,7 @@ def test_the_cpu_path_never_imports_triton():
         assert q.grad is not None and torch.isfinite(q.grad).all()
         assert dash_plugin.last_resolved().concrete_backend == "reference"
         assert not [m for m in sys.modules if m == "triton" or m.startswith("triton.")]
+        assert not asked, asked
         print("ok")
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -124,10 +124,16 @@ def test_deterministic_false_with_a_deterministic_schedule_runs():
     q, k, v, *rest = _args()
     rest[-2:] = ["split", False]
     out, _ = torch.ops.dash.fwd(q, k, v, *rest)
-    grads = torch.autograd.grad(dash_plugin.flash_attention(q, k, v, causal=True, schedule="split",
-                                                            deterministic=False, softmax_scale=0.2, window=(5, 0),
-                                                            softcap=2.5), (q, k, v), torch.ones_like(out))
+
+    def grads_of(deterministic):
+        call = dash_plugin.flash_attention(q, k, v, causal=True, schedule="split", deterministic=deterministic,
+                                           softmax_scale=0.2, window=(5, 0), softcap=2.5)
+        assert dash_plugin.last_resolved().concrete_schedule == "split"
+        return torch.autograd.grad(call, (q, k, v), torch.ones_like(out))
+
+    grads = grads_of(False)
     assert all(torch.isfinite(g).all() for g in grads)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_of(True)))   # split's bits either way
 
 
 def test_gradcheck_float64():
@@ -155,6 +161,16 @@ def test_compiled_training_step_matches_eager():
     torch.testing.assert_close(loss, eager, rtol=1e-6, atol=1e-7)
     for a, b in zip(grads, eager_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    # ... and through our op: the graph Dynamo captures calls dash::fwd (not a traced-through reference)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(step, fullgraph=True, backend=record)(x)
+    targets = {str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"}
+    assert "dash.fwd" in targets, targets
 
 
 def _compiled_matches_eager(step, inputs):

@@ -156,6 +156,7 @@ def test_setup_deterministic_training_sets_and_reports(monkeypatch):
         assert "torch.use_deterministic_algorithms = True (warn_only=False)" in setup.summary()
         cfg = setup.dataloader_config
         assert cfg.use_seedable_sampler and cfg.data_seed == 123
+        assert setup.generator().initial_seed() == 123   # (two unseeded generators would agree as well)
         assert torch.equal(torch.randint(0, 99, (5,), generator=setup.generator()),
                            torch.randint(0, 99, (5,), generator=setup.generator()))
         with pytest.raises(ValueError, match="seed="):
