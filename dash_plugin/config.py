@@ -69,11 +69,16 @@ class ResolvedConfig:
     backend_source: str = "default"
     concrete_backend: str = ""   # the backend that ran ("" until known)
     backend_passed_over: tuple = ()   # "backend: why not" for each faster backend auto passed over
+    # The order the backward's launch plan runs where the named one does not apply to the shape
+    # ("" where it does), e.g. "descending (fallback: not a causal mask)" for arrival on a full mask.
+    plan_fallback: str = ""
 
     def describe(self) -> str:
         def arrow(value, concrete):
             return f" -> {concrete}" if concrete and concrete != value else ""
-        return (f"schedule={self.schedule}{arrow(self.schedule, self.concrete_schedule)} (from {self.schedule_source}), "
+        fallback = f" [its launch plan runs {self.plan_fallback}]" if self.plan_fallback else ""
+        return (f"schedule={self.schedule}{arrow(self.schedule, self.concrete_schedule)} (from {self.schedule_source})"
+                f"{fallback}, "
                 f"deterministic={self.deterministic} (from {self.deterministic_source}), "
                 f"backend={self.backend}{arrow(self.backend, self.concrete_backend)} (from {self.backend_source}"
                 + "".join(f"; {why}" for why in self.backend_passed_over) + ")")
@@ -292,13 +297,16 @@ def last_resolved():
     """The ResolvedConfig of this thread's most recent ``flash_attention`` call (None before any)."""
     pending = getattr(_last, "pending", None)
     if pending is not None:
-        config, ran = pending
+        config, ran, plan = pending
+        if plan is not None:   # (function, arguments) that name the plan's fallback order
+            ran = dict(ran, plan_fallback=plan[0](*plan[1:]))
         _last.config, _last.pending = replace(config, **ran), None
     return getattr(_last, "config", None)
 
 
-def _remember(config: ResolvedConfig, **ran):
-    """Remember a call's config with the fields `ran` filled in (concrete schedule and backend).
-    The ResolvedConfig is built when last_resolved() asks: most calls are never asked about, and
-    building it (dataclasses.replace) costs a few us per call."""
-    _last.pending = (config, ran)
+def _remember(config: ResolvedConfig, plan: tuple | None = None, **ran):
+    """Remember a call's config with the fields `ran` filled in (concrete schedule and backend), and
+    `plan`, a (function, *arguments) that gives the plan's fallback order. The ResolvedConfig is
+    built when last_resolved() asks: most calls are never asked about, and building it
+    (dataclasses.replace, a launch plan) costs host time."""
+    _last.pending = (config, ran, plan)

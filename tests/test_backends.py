@@ -206,3 +206,18 @@ def test_auto_schedule_is_resolved_per_backend_and_names_what_it_passed_over(mon
     # a named backend runs its own choice or says why not
     with pytest.raises(ValueError, match="backend='hopper' cannot run this call: varlen"):
         dispatch.resolve("hopper", "auto", flat, flat, cu_seqlens_q=cu, **kw)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton interpreter runs without CUDA")
+def test_describe_says_when_the_named_order_falls_back():
+    """schedule='arrival' on a full mask runs its plan's fallback, descending: the record says so (and
+    says nothing where arrival runs, or where the schedule has no plan)."""
+    q = torch.randn(1, 64, 1, 32)
+    dash_plugin.flash_attention(q, q, q, causal=False, schedule="arrival", backend="triton")
+    got = dash_plugin.last_resolved()
+    assert got.plan_fallback == "descending (fallback: not a causal mask)"
+    assert "[its launch plan runs descending (fallback: not a causal mask)]" in got.describe()
+    dash_plugin.flash_attention(q, q, q, causal=True, schedule="arrival", backend="triton")
+    assert dash_plugin.last_resolved().plan_fallback == ""
+    dash_plugin.flash_attention(q, q, q, causal=False, schedule="arrival", backend="reference")
+    assert dash_plugin.last_resolved().plan_fallback == ""    # the reference sums in its own order: no plan
