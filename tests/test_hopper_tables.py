@@ -190,12 +190,14 @@ def test_packed_batches_do_not_take_the_paired_launch():
 @pytest.mark.parametrize("d", (64, 128))
 def test_cyclic_groups_fit_the_resident_window(seqlen, d):
     """The shift kernel launches heads one after another, so a group of G KV tiles spans G
-    launch slots: the plan's groups are the whole head up to RESIDENT_SLOTS KV tiles, split
-    evenly beyond, and depend on the shape only."""
+    launch slots: the plan's groups are the whole head up to RESIDENT_SLOTS KV tiles, and beyond
+    the fewest equal groups that fit (sizes from the shape alone; that no SM count enters the
+    tables: tests/test_launch_plan.py::test_the_order_does_not_depend_on_the_sm_count)."""
     t = plan_tables("shift", seqlen=seqlen, head_dim=d, causal=False)
     n = t.count.shape[0]
     assert t.group_size <= RESIDENT_SLOTS
-    assert t.group_size == n if n <= RESIDENT_SLOTS else t.group_size > RESIDENT_SLOTS // 2
+    groups = -(-n // RESIDENT_SLOTS)              # the fewest equal groups that fit
+    assert t.group_size == -(-n // groups)        # n itself where the head fits
 
 
 def test_a_group_larger_than_the_resident_window_is_refused():

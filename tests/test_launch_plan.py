@@ -129,7 +129,9 @@ def test_plans_are_cached_and_copy_their_tables_once_per_device():
     assert on_cpu is a.device_tables("cpu") and set(on_cpu) == {"order", "num_workers", "seg_kv", "seg_end",
                                                                   "q_tile", "rank"}
     assert all(t.dtype == torch.int32 and t.is_contiguous() for t in on_cpu.values())
-    assert torch.equal(on_cpu["rank"], a.tables.rank)
+    assert torch.equal(on_cpu["order"], a.worker_order.to(torch.int32))
+    for name in ("num_workers", "seg_kv", "seg_end", "q_tile", "rank"):   # every table, each from its source
+        assert torch.equal(on_cpu[name], getattr(a.tables, name).to(torch.int32)), name
     changed = dataclasses.replace(a, tables=dataclasses.replace(a.tables, rank=a.tables.rank + 1))
     assert torch.equal(changed.device_tables("cpu")["rank"], a.tables.rank + 1)   # a copy has its own cache
 
@@ -148,6 +150,17 @@ def test_the_simulator_draws_the_plan():
     assert {b.sm for b in res.blocks if b.unit == 9} == {9 % 8}
     with pytest.raises(ValueError, match="no schedule"):
         simulate_plan(launch_plan(s, "shift", tiles=None, device=DeviceProps(1, concurrent=False)))
+
+
+def test_the_work_items_follow_the_plans_launch_order():
+    """Where the launch order is not the identity (arrival launches a head's groups top group first),
+    the kernel's work items take the workers in that order."""
+    plan = launch_plan(shape(2048, 2048, batch=1, heads_q=2, heads_kv=2), "arrival", tiles=Tiles(64, 64),
+                       device=DeviceProps(132))
+    order = plan.worker_order[0].tolist()[:int(plan.tables.num_workers[0])]
+    assert order != sorted(order)   # not the identity, or this test could not tell
+    items = plan.work_items()
+    assert [w for *_, w in items[:len(order)]] == order
 
 
 @pytest.mark.parametrize("schedule", ("ascending", "descending", "spt", "arrival", "shift"))

@@ -1,6 +1,7 @@
 """Schedule model: geometry, validity of every builder over a grid of shapes, the DASH makespan
 formulas, temporal order, SM-count independence, co-residency, GQA, varlen, windows, auto."""
 import inspect
+import dataclasses
 import itertools
 
 import pytest
@@ -434,3 +435,28 @@ def test_random_shapes_valid(name, lens, bm, bn, mask, g):
     t = kernel_tables(name, **kw)
     assert t.num_workers.tolist() == [len(seq.workers) for seq in s.sequences]
     assert res.makespan >= 0
+
+
+def _corrupt(schedule, edit):
+    """`schedule` with its first sequence's first worker's first segment changed by edit(segment)."""
+    seq = schedule.sequences[0]
+    worker = seq.workers[0]
+    segment = edit(worker.segments[0])
+    worker = dataclasses.replace(worker, segments=(segment,) + worker.segments[1:])
+    seq = dataclasses.replace(seq, workers=(worker,) + seq.workers[1:])
+    return dataclasses.replace(schedule, sequences=(seq,) + schedule.sequences[1:])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: dataclasses.replace(s, q_tiles=s.q_tiles + s.q_tiles[:1], ranks=s.ranks + s.ranks[:1]),
+     "visited twice"),
+    (lambda s: dataclasses.replace(s, q_tiles=s.q_tiles[1:], ranks=s.ranks[1:]), "missing"),
+    (lambda s: dataclasses.replace(s, ranks=(s.ranks[0] + 1,) + s.ranks[1:]), "not a permutation"),
+    (lambda s: dataclasses.replace(s, kv=s.kv + 100), "KV tiles owned by segments"),
+], ids=["duplicate visit", "missing visit", "duplicate rank", "foreign KV tile"])
+def test_the_validity_checks_refuse_broken_schedules(edit, message):
+    """The oracle of the builder and table tests (validate_schedule) must itself refuse what is wrong."""
+    good = build_schedule("descending", seqlens_q=[256], seqlens_k=[256], block_m=64, block_n=64, causal=True)
+    validate_schedule(good)
+    with pytest.raises(ScheduleError, match=message):
+        validate_schedule(_corrupt(good, edit))

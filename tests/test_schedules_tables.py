@@ -65,6 +65,10 @@ def test_tables_equal_builder(schedule):
             assert t.rank[b, w, :n].tolist() == [r for _k, _q, r in steps]
             assert (t.q_tile[b, w, n:] == -1).all() and (t.rank[b, w, n:] == -1).all()
             assert t.seg_end[b, w, 1] == n
+            segs = worker.segments   # which KV tile each segment owns, and where it ends
+            assert t.seg_kv[b, w, :len(segs)].tolist() == [seg.kv for seg in segs]
+            ends = [sum(len(x.q_tiles) for x in segs[:i + 1]) for i in range(len(segs))]
+            assert t.seg_end[b, w, :len(segs)].tolist() == ends
         for w in range(len(seq.workers), W):
             assert t.seg_kv[b, w].tolist() == [-1, -1]
         for i, (lo, hi) in enumerate(seq.geometry.q_range):
