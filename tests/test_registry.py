@@ -38,9 +38,10 @@ def test_builtin_entries():
 def test_register_refuses_bad_entries(spec, match):
     fields = dict(name="new", description="x", deterministic=True, kernel_mode=registry.ORDERED,
                   build=build_ascending)
+    before = {s.name: s for s in registry.specs()}
     with pytest.raises(ValueError, match=match):
         registry.register(registry.ScheduleSpec(**dict(fields, **spec)))
-    assert "new" not in registry.names()
+    assert {s.name: s for s in registry.specs()} == before   # nothing added, nothing replaced
 
 
 def test_check_call_is_the_one_check_of_a_concrete_schedule():

@@ -112,6 +112,9 @@ def test_failed_run_stops_the_other_parallel_run(tmp_path, capsys):
     rc = main(["run", "--parallel", "--out", str(tmp_path / "runs"), "--script", str(script)])
     assert rc == 2 and time.monotonic() - t0 < 20
     assert "failed (exit 3)" in capsys.readouterr().err
+    # run 2 did start, and was killed (not left running, not waited for): its marker says so
+    marker = (tmp_path / "runs" / "run2" / "INCOMPLETE").read_text()
+    assert "stopped because another run failed" in marker and "killed" in marker, marker
 
 
 def test_run_devices_puts_each_parallel_run_on_its_own_gpu(tmp_path, capsys):

@@ -84,7 +84,8 @@ def test_compare_finds_injected_difference(run_a, tmp_path):
     assert any("perturb" in n for n in cmp.notes)  # the argument difference is reported too
 
 
-@pytest.mark.parametrize("stop", [3, 5])  # mid-epoch, and exactly at the end of epoch 0
+# mid-epoch 0, exactly at its end (the checkpoint still says epoch 0), and inside epoch 1 (the epoch read back)
+@pytest.mark.parametrize("stop", [3, 5, 6])
 def test_resume_equals_uninterrupted(run_a, tmp_path, stop):
     first = train(tmp_path / "first", "--stop-at", str(stop))
     ckpt = first / "checkpoint"
@@ -103,9 +104,10 @@ def test_resume_rejects_other_arguments(tmp_path):
         train(tmp_path / "resumed", "--resume-from", str(first / "checkpoint"), "--lr", "0.01")
 
 
-def test_bad_arguments_name_the_flag(tmp_path):
+def test_bad_arguments_name_the_flag(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train_accelerate.parse_args(["--out", str(tmp_path), "--stop-at", "9", "--steps", "3"])
+    assert "--stop-at=9 is not allowed; pass a step in 1..--steps (3)" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="no parameter named"):
         train(tmp_path / "p", "--steps", "1", "--perturb", "1:model.nope")
 
