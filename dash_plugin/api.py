@@ -52,6 +52,8 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     """
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     checks.check_tensors(q, k, v, varlen)
+    checks.check_bool("causal", causal)
+    checks.check_bool("return_lse", return_lse)
     left, right = checks.check_window(window, causal)
     checks.check_scalars(softcap, dropout_p, softmax_scale)
     if dropout_seed is not None:
@@ -59,7 +61,12 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     if varlen:
         max_seqlen_q, max_seqlen_k = checks.check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     else:
+        for name, given, actual in (("max_seqlen_q", max_seqlen_q, q.shape[1]), ("max_seqlen_k", max_seqlen_k, k.shape[1])):
+            if given is not None and given != actual:
+                raise ValueError(f"{name}={given!r} is for packed (varlen) calls; this dense call's length is {actual} "
+                                 f"(leave it out, or pass {actual})")
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+    left, right = checks.unbounded_beyond(left, right, max_seqlen_q, max_seqlen_k)
 
     resolved = config.resolve_config(schedule=schedule, deterministic=deterministic, backend=backend,
                                      model_config=model_config)

@@ -130,6 +130,22 @@ def check_window(window, causal):
     return left, (0 if causal else right)
 
 
+def unbounded_beyond(left, right, max_seqlen_q, max_seqlen_k):
+    """(left, right) with a side at least S_q + S_k long written as -1 (unbounded): it sees the same
+    keys, and the kernels' position arithmetic (i + right, j - left) stays far from int64's limit,
+    where a side near 2**63 overflowed and gave wrong rows."""
+    reach = max_seqlen_q + max_seqlen_k
+    if isinstance(reach, torch.SymInt):   # under torch.compile: kept as given
+        return left, right
+    return (-1 if left >= reach else left), (-1 if right >= reach else right)
+
+
+def check_bool(name, value) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be True or False")
+    return value
+
+
 def _finite(value) -> bool:
     if type(value) is float or type(value) is int:   # the common case, without the slow ABC check
         return math.isfinite(value)

@@ -89,7 +89,21 @@ BAD = [
     (dict(q=torch.randn(2, 8, 4, 32, device="meta")), ValueError, r"q is on the meta device"),
     (dict(schedule="fastest"), ValueError, "schedule='fastest'.*allowed: auto, atomic"),
     (dict(schedule="atomic", deterministic=True), ValueError, "not deterministic"),
+    (dict(causal="False"), ValueError, r"causal='False' must be True or False"),
+    (dict(causal=1), ValueError, r"causal=1 must be True or False"),
+    (dict(return_lse="no"), ValueError, r"return_lse='no' must be True or False"),
+    (dict(max_seqlen_q=3), ValueError, r"max_seqlen_q=3 is for packed \(varlen\) calls; this dense call's length is 8"),
 ]
+
+
+@pytest.mark.parametrize("window, same_as", [((-1, 2 ** 63 - 1), (-1, -1)), ((2 ** 63 - 1, 2 ** 63 - 1), (-1, -1)),
+                                             ((2, 2 ** 63 - 4), (2, -1)), ((2 ** 63 - 1, 3), (-1, 3))])
+def test_a_window_side_longer_than_both_sequences_is_unbounded(window, same_as):
+    """Sides near 2**63 overflowed the position arithmetic and gave wrong rows: a side that reaches
+    past both sequences sees every key on its side, exactly as -1."""
+    q, k, v = qkv(sq=12, sk=8)
+    want = dash_plugin.flash_attention(q, k, v, window=same_as)
+    assert torch.equal(dash_plugin.flash_attention(q, k, v, window=window), want)
 
 
 @pytest.mark.parametrize("kwargs,exc,match", BAD, ids=[b[2][:30] for b in BAD])
