@@ -103,6 +103,11 @@ def setup_deterministic_training(seed: int = 0, *, warn_only: bool = False, set_
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
         raise ValueError(f"seed={seed!r} is not allowed; pass an int in [0, 2**63)")
+    # checked before anything is set, so a bad call changes nothing
+    for name, value in (("warn_only", warn_only), ("set_env", set_env),
+                        ("fill_uninitialized_memory", fill_uninitialized_memory)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} is not allowed; pass True or False")
     setup = DeterministicSetup(seed=seed)
     s = setup.settings
 
@@ -125,8 +130,6 @@ def setup_deterministic_training(seed: int = 0, *, warn_only: bool = False, set_
         torch.cuda.manual_seed_all(seed)
     s["seeds"] = f"random, numpy, torch (cpu{', cuda' if torch.cuda.is_available() else ''}) = {seed}"
 
-    if not isinstance(fill_uninitialized_memory, bool):
-        raise ValueError(f"fill_uninitialized_memory={fill_uninitialized_memory!r} is not allowed; pass True or False")
     torch.use_deterministic_algorithms(True, warn_only=warn_only)
     s["torch.use_deterministic_algorithms"] = f"True (warn_only={warn_only})"
     torch.utils.deterministic.fill_uninitialized_memory = fill_uninitialized_memory

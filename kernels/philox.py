@@ -13,6 +13,8 @@ kernels (kernels/hopper/dropout_sm90.py, where two lanes share a group). This mo
 the same numbers with int64 tensors holding uint32 values, so the reference reproduces the
 kernels' mask bit for bit.
 """
+import numbers
+
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -80,7 +82,7 @@ def dropout_threshold(p: float) -> int:
     """Integer threshold: an element is dropped when its 8-bit draw is below it. Refuses a p
     that the mask's 2**-8 steps would turn into no dropout or into dropping everything, naming
     the value and the range (every path takes its threshold from here)."""
-    if not 0.0 <= p < 1.0:   # NaN too
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:   # NaN too
         raise ValueError(f"dropout_p={p!r} must be in [0, 1)")
     full = 1 << DROPOUT_BITS
     threshold = int(round(p * full))   # ties to even: 3 * 2**-9 and 5 * 2**-9 both give 2

@@ -192,6 +192,9 @@ def test_effective_dropout_p_is_the_p_a_call_gets():
     from tests.math_attention import keep_mask
     assert dash_plugin.effective_dropout_p(0.1) == 26 / 256
     assert dash_plugin.effective_dropout_p(0.0) == 0.0 and dash_plugin.effective_dropout_p(0.25) == 0.25
+    for bad in ("a", None, True):   # named, not a TypeError from a comparison
+        with pytest.raises(ValueError, match=rf"dropout_p={bad!r} must be in \[0, 1\)"):
+            dash_plugin.effective_dropout_p(bad)
     b, h, sq, d = 2, 4, 512, 16
     q = torch.zeros(b, sq, h, d, dtype=torch.float64)
     v = torch.eye(d, dtype=torch.float64).view(1, d, 1, d).expand(b, d, h, d)

@@ -760,3 +760,25 @@ def test_the_documented_targets_are_the_ones_the_report_judges():
     documented = sorted(re.findall(r"\| ([≥≤]) (\d+\.\d\d) \|$", block, re.M))
     judged = sorted(("≥" if t.higher_is_better else "≤", f"{t.goal:.2f}") for t in report.TARGETS)
     assert documented == judged
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--masks", "bogus"], "--masks 'bogus': allowed: causal, full"),
+    (["--max-minutes", "-1"], "--max-minutes -1.0: must be > 0"),
+    (["--cell-timeout", "-5"], "--cell-timeout -5.0: must be >= 0 seconds"),
+    (["--seed", "-5"], "--seed -5: must be an int >= 0"),
+    (["--hdims", "x"], "--tiny runs its own miniature points: drop --hdims / --seqlens"),
+    (["--from-json", "/nonexistent/results.json"], "--from-json /nonexistent/results.json: No such file"),
+])
+def test_bad_flags_are_named_with_what_is_allowed(argv, message, capsys, tmp_path):
+    """Values argparse lets through are refused before anything runs (exit 2, one line, no traceback)."""
+    rc = cli.main(["--device", "cpu", "--tiny", "--out", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_out_path_that_is_a_file_is_refused(capsys, tmp_path):
+    (tmp_path / "f").write_text("")
+    assert cli.main(["--device", "cpu", "--tiny", "--out", str(tmp_path / "f")]) == 2
+    assert "--out" in capsys.readouterr().err and (tmp_path / "f").read_text() == ""

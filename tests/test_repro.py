@@ -184,6 +184,11 @@ def test_setup_deterministic_training_switches_the_nan_fill(monkeypatch):
         assert "fill_uninitialized_memory = True" in setup.summary()
         with pytest.raises(ValueError, match="fill_uninitialized_memory=1"):
             setup_deterministic_training(0, fill_uninitialized_memory=1)
+        deterministic.fill_uninitialized_memory = True
+        for name in ("warn_only", "set_env"):   # refused before anything is set
+            with pytest.raises(ValueError, match=f"{name}='no' is not allowed; pass True or False"):
+                setup_deterministic_training(0, fill_uninitialized_memory=False, **{name: "no"})
+            assert deterministic.fill_uninitialized_memory is True
     finally:
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
         deterministic.fill_uninitialized_memory = was[2]

@@ -152,3 +152,12 @@ def test_run_devices_needs_one_entry_per_run_and_no_launcher(tmp_path, capsys):
     assert "--devices='0,' is not allowed" in capsys.readouterr().err
     assert main(["run", "--devices", "0,1", "--launch", "accelerate launch", "--out", str(tmp_path)]) == 2
     assert "with --launch set CUDA_VISIBLE_DEVICES for the launcher" in capsys.readouterr().err
+
+
+def test_a_named_script_that_does_not_exist_is_refused(tmp_path, capsys, monkeypatch):
+    """--script (or DASH_REPRO_SCRIPT) that names no file is an error, never a silent run of the
+    default training script."""
+    rc = main(["run", "--out", str(tmp_path / "runs"), "--script", str(tmp_path / "nope.py")])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--script={tmp_path / 'nope.py'}: no such file" in err, err
+    assert not (tmp_path / "runs" / "run1").exists()

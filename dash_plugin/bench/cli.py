@@ -95,12 +95,30 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _check_flags(args):
+    """Values argparse's types let through: named, with what is allowed (exit 2, no traceback)."""
+    from . import protocol
+    if args.masks is not None:
+        bad = [m for m in (x.strip() for x in args.masks.split(",")) if m not in protocol.MASKS]
+        if bad or not args.masks.strip():
+            raise ValueError(f"--masks {args.masks!r}: allowed: {', '.join(protocol.MASKS)} (comma list)")
+    if args.max_minutes is not None and not args.max_minutes > 0:
+        raise ValueError(f"--max-minutes {args.max_minutes}: must be > 0 (or left out: no budget)")
+    if not args.cell_timeout >= 0:
+        raise ValueError(f"--cell-timeout {args.cell_timeout}: must be >= 0 seconds (0 disables the watchdog)")
+    if args.seed < 0:
+        raise ValueError(f"--seed {args.seed}: must be an int >= 0 (it is also the dropout seed)")
+    if args.tiny and (args.hdims or args.seqlens):
+        raise ValueError("--tiny runs its own miniature points: drop --hdims / --seqlens")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out}: exists and is not a folder")
+
+
 def _points(args):
     from . import protocol
-    if args.tiny:
-        masks = args.masks.split(",") if args.masks else protocol.MASKS
-        return protocol.tiny_points(masks=masks)
     masks = tuple(m.strip() for m in args.masks.split(",")) if args.masks else protocol.MASKS
+    if args.tiny:
+        return protocol.tiny_points(masks=masks)
     if args.quick:
         return protocol.quick_points(masks=masks)
     if args.gqa_only and (args.hdims or args.hdim256):
@@ -141,6 +159,7 @@ def main(argv=None) -> int:
 
 
 def _main(args, command) -> int:
+    _check_flags(args)
     if args.from_json:
         from . import report
         files = [f.strip() for f in args.from_json.split(",") if f.strip()]

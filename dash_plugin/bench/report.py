@@ -294,8 +294,15 @@ def write_json(results: dict, path: str) -> None:
 
 
 def read_json(path: str) -> dict:
-    with open(path) as f:
-        results = json.load(f)
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except OSError as e:
+        raise ValueError(f"--from-json {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--from-json {path}: not JSON ({e})") from None
+    if not isinstance(results, dict):
+        raise ValueError(f"{path}: not a dash-bench results file (not a JSON object)")
     for field in ("format", "points", "cells", "implementations"):
         if field not in results:
             raise ValueError(f"{path}: not a dash-bench results file (no {field!r})")

@@ -90,6 +90,11 @@ def find_script(explicit: str | None = None) -> Path:
     checkout this package lives in (an editable or source install)."""
     import dash_plugin
 
+    for given, what in ((explicit, "--script"), (os.environ.get(SCRIPT_ENV), SCRIPT_ENV)):
+        if given:   # a script that was named must exist: never fall back to another one
+            if not Path(given).is_file():
+                raise RunFailed(f"{what}={given}: no such file (the training script to run)")
+            return Path(given)
     candidates = [explicit, os.environ.get(SCRIPT_ENV),
                   Path(dash_plugin.__file__).resolve().parent.parent / "examples" / "train_accelerate.py"]
     for c in candidates:
