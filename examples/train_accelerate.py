@@ -93,11 +93,24 @@ def parse_args(argv=None):
     p.add_argument("--progress", action="store_true", help="show a progress bar")
     args = p.parse_args(argv)
     layers, hidden, heads, kv, mlp, seq, batch = SIZES[args.size]
-    args.seq_len = args.seq_len or seq
-    args.batch_size = args.batch_size or batch
-    for name in ("steps", "seq_len", "batch_size"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')}={getattr(args, name)} is not allowed; pass a positive integer")
+    args.seq_len = seq if args.seq_len is None else args.seq_len   # 0 is refused below, not replaced
+    args.batch_size = batch if args.batch_size is None else args.batch_size
+    for name in ("steps", "seq_len", "batch_size", "threads", "data_bytes"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')}={value} is not allowed; pass a positive integer")
+    if args.num_workers < 0:
+        p.error(f"--num-workers={args.num_workers} is not allowed; pass 0 or more")
+    if not 0 <= args.seed < 2**63:
+        p.error(f"--seed={args.seed} is not allowed; pass an integer in 0..2**63-1")
+    if not args.lr > 0 or args.warmup < 0:
+        p.error(f"--lr={args.lr} / --warmup={args.warmup} are not allowed; pass a learning rate > 0 and "
+                "warm-up steps >= 0")
+    if args.schedule is not None:
+        from dash_plugin.schedules import registry
+        allowed = (registry.AUTO,) + registry.names()
+        if args.schedule not in allowed:
+            p.error(f"--schedule={args.schedule!r} is not allowed; pass one of {', '.join(allowed)}")
     if args.stop_at is not None and not 1 <= args.stop_at <= args.steps:
         p.error(f"--stop-at={args.stop_at} is not allowed; pass a step in 1..--steps ({args.steps})")
     if args.perturb is not None:

@@ -104,6 +104,20 @@ def test_resume_rejects_other_arguments(tmp_path):
         train(tmp_path / "resumed", "--resume-from", str(first / "checkpoint"), "--lr", "0.01")
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--seq-len", "0"], "--seq-len=0 is not allowed; pass a positive integer"),   # refused, not replaced by a default
+    (["--batch-size", "0"], "--batch-size=0 is not allowed"),
+    (["--threads", "0"], "--threads=0 is not allowed"),
+    (["--seed", "-1"], "--seed=-1 is not allowed"),
+    (["--lr", "-1"], "--lr=-1.0 / --warmup=5 are not allowed"),
+    (["--schedule", "bogus"], "--schedule='bogus' is not allowed; pass one of auto, atomic"),
+])
+def test_bad_values_are_refused_by_name(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        train_accelerate.parse_args(["--out", str(tmp_path), *argv])
+    assert message in capsys.readouterr().err
+
+
 def test_bad_arguments_name_the_flag(tmp_path, capsys):
     with pytest.raises(SystemExit):
         train_accelerate.parse_args(["--out", str(tmp_path), "--stop-at", "9", "--steps", "3"])
