@@ -85,6 +85,9 @@ def _check_cu_seqlens_layout(name, cu, batch=None):
         raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
     if cu.dtype != torch.int32:
         raise TypeError(f"{name}.dtype={cu.dtype}; allowed: torch.int32")
+    if cu.device.type == "meta":   # its offsets are read: a meta tensor has none
+        raise ValueError(f"{name} is on the meta device, which holds no data; allowed: devices with data "
+                         "(cpu, cuda)")
     if cu.dim() != 1 or cu.numel() < 2:
         raise ValueError(f"{name} has shape {_shape(cu)}; expected (batch + 1,) with batch >= 1")
     if batch is not None and cu.numel() != batch + 1:

@@ -168,6 +168,9 @@ def dash_config(*, schedule=None, deterministic=None, backend=None):
 def _model_entry(model_config):
     if model_config is None:
         return {}
+    if isinstance(model_config, (str, bytes, int, float, bool)):   # a config object or a dict is meant
+        raise ValueError(f"model_config={model_config!r} must be a model config (an object or a dict with an "
+                         "optional 'dash_attention' entry), or None")
     entry = model_config.get("dash_attention") if isinstance(model_config, dict) else getattr(model_config, "dash_attention", None)
     if entry is None:
         return {}

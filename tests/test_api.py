@@ -93,6 +93,7 @@ BAD = [
     (dict(causal=1), ValueError, r"causal=1 must be True or False"),
     (dict(return_lse="no"), ValueError, r"return_lse='no' must be True or False"),
     (dict(max_seqlen_q=3), ValueError, r"max_seqlen_q=3 is for packed \(varlen\) calls; this dense call's length is 8"),
+    (dict(model_config="bogus"), ValueError, r"model_config='bogus' must be a model config"),
 ]
 
 
@@ -129,6 +130,11 @@ def test_meta_and_nested_tensors_are_refused_clearly():
 def test_max_seqlen_must_be_an_int(name, bad):
     with pytest.raises(ValueError, match=rf"{name}={bad!r} must be an int"):
         _varlen(torch.tensor([0, 4, 10], dtype=torch.int32), **{name: bad})
+
+
+def test_cu_seqlens_on_the_meta_device_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"cu_seqlens_q is on the meta device"):
+        _varlen(torch.tensor([0, 4, 10], dtype=torch.int32, device="meta"))
 
 
 def _varlen(cu_q, cu_k=None, **kw):
