@@ -161,3 +161,10 @@ def test_a_named_script_that_does_not_exist_is_refused(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert rc == 2 and f"--script={tmp_path / 'nope.py'}: no such file" in err, err
     assert not (tmp_path / "runs" / "run1").exists()
+
+
+def test_a_launcher_that_is_not_a_program_is_named_before_any_run(tmp_path, capsys):
+    rc = main(["run", "--out", str(tmp_path / "runs"), "--launch", "no-such-launcher --x"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--launch 'no-such-launcher --x': no-such-launcher is not a program on PATH" in err, err
+    assert not (tmp_path / "runs" / "run1").exists()

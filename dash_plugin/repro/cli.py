@@ -354,6 +354,11 @@ def cmd_run(args, train_args) -> int:
     if args.launch and args.devices:
         raise RunFailed("--devices gives each run one entry of CUDA_VISIBLE_DEVICES; with --launch set "
                         "CUDA_VISIBLE_DEVICES for the launcher instead")
+    if args.launch:   # a launcher that is not there is named now, not after run 1 has started
+        launcher = shlex.split(args.launch)
+        if not launcher or shutil.which(launcher[0]) is None:
+            raise RunFailed(f"--launch {args.launch!r}: {launcher[0] if launcher else 'an empty command'} "
+                            "is not a program on PATH")
     devices = parse_devices(args.devices, 2)
     out = Path(args.out)
     cmp = run_twice(train_args, out, script=script, parallel=args.parallel, launch=args.launch,
