@@ -4,21 +4,20 @@ import math
 import torch
 
 from . import checks, config, dispatch, ops
-from .schedules import registry
 
 
-def _plan_fallback(backend: str, schedule: str, q_meta, k_meta, kw: dict) -> str:
+def _plan_fallback(backend: str, schedule: str, q_meta, k_meta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                   max_seqlen_k, causal, window_left, window_right, softcap, dropout_p) -> str:
     """The fallback order the backward's launch plan runs where `schedule` does not apply to the
     call's shape ("" where it does, and for unordered schedules and backends without plans). Asked
     by last_resolved(), so calls nobody asks about build nothing here; the inputs are stand-ins of
     the call's shape, dtype and device (stride 0: no memory)."""
-    if schedule not in registry.names() or not registry.get(schedule).ordered:
-        return ""
     q, k = (torch.empty((), dtype=dtype, device=device).expand(shape) for shape, dtype, device in (q_meta, k_meta))
-    _, plan = dispatch.backward_plan(q, k, schedule=schedule, backend=backend, **kw)
-    if plan.schedule is None:
-        return ""
-    return "; ".join(sorted({v for v in plan.schedule.variants if "fallback" in v}))
+    variants = dispatch.plan_variants(
+        q, k, schedule=schedule, backend=backend, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, window_left=window_left,
+        window_right=window_right, softcap=softcap, dropout_p=dropout_p)
+    return "; ".join(v for v in variants if "fallback" in v)
 
 
 def _draw_seed() -> int:
@@ -75,11 +74,10 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
         max_seqlen_k=max_seqlen_k, causal=causal, window_left=left, window_right=right, softcap=softcap,
         dropout_p=dropout_p)
     chosen = runs_on.name
+    # (function, arguments) run only if last_resolved() is asked: one flat tuple on the call's path
     plan = None if torch.compiler.is_compiling() else (
-        _plan_fallback, chosen, concrete, (q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device),
-        dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-             causal=bool(causal), window_left=left, window_right=right, softcap=float(softcap),
-             dropout_p=float(dropout_p)))
+        _plan_fallback, chosen, concrete, (q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device), cu_seqlens_q,
+        cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, left, right, float(softcap), float(dropout_p))
     config._remember(resolved, plan, concrete_schedule=concrete, concrete_backend=chosen,
                      backend_passed_over=passed_over)
 

@@ -84,6 +84,15 @@ def attention_backward(dout, q, k, v, out, lse, *, schedule: str = "ascending", 
     return chosen.backward(plan, dout, q, k, v, out, lse, **kw)
 
 
+def plan_variants(q, k, *, schedule: str, backend: str = "auto", **kw) -> tuple[str, ...]:
+    """The orders a backward's launch plan holds (sorted; a fallback is named as such, e.g.
+    "descending (fallback: not a causal mask)"); () for unordered schedules and backends without plans."""
+    if schedule not in registry.names() or not registry.get(schedule).ordered:
+        return ()
+    _, plan = backward_plan(q, k, schedule=schedule, backend=backend, **kw)
+    return () if plan.schedule is None else tuple(sorted(set(plan.schedule.variants)))
+
+
 def backward_plan(q, k, *, schedule: str, backend: str = "auto", **kw):
     """(backend, launch plan) of a backward: what `attention_backward` runs. Its schedule may hold
     a fallback order where the named one does not apply (`plan.schedule.variants` says which,

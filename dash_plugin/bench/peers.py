@@ -134,16 +134,14 @@ def _dash_call_info(q: torch.Tensor, k: torch.Tensor, point: Point) -> dict:
             info["kernel"] = resolved.concrete_backend or resolved.backend
     except Exception:
         pass
-    schedule = info.get("schedule_resolved")
-    if schedule in registry.names() and registry.get(schedule).ordered and info.get("kernel"):
+    if info.get("schedule_resolved") and info.get("kernel"):
         from dash_plugin import checks, dispatch
         left, right = checks.check_window((-1, -1), point.causal)
-        _, plan = dispatch.backward_plan(q, k, schedule=schedule, backend=info["kernel"], causal=point.causal,
-                                         window_left=left, window_right=right)
-        if plan.schedule is not None:
-            info["plan_variants"] = sorted(set(plan.schedule.variants))
+        variants = dispatch.plan_variants(q, k, schedule=info["schedule_resolved"], backend=info["kernel"],
+                                          causal=point.causal, window_left=left, window_right=right)
+        if variants:
+            info["plan_variants"] = list(variants)
     return info
-
 
 
 def _hopper_probe() -> Optional[str]:

@@ -95,13 +95,11 @@ def find_script(explicit: str | None = None) -> Path:
             if not Path(given).is_file():
                 raise RunFailed(f"{what}={given}: no such file (the training script to run)")
             return Path(given)
-    candidates = [explicit, os.environ.get(SCRIPT_ENV),
-                  Path(dash_plugin.__file__).resolve().parent.parent / "examples" / "train_accelerate.py"]
-    for c in candidates:
-        if c and Path(c).is_file():
-            return Path(c)
+    default = Path(dash_plugin.__file__).resolve().parent.parent / "examples" / "train_accelerate.py"
+    if default.is_file():
+        return default
     raise RunFailed(f"cannot find the training script: pass --script PATH or set {SCRIPT_ENV} "
-                    f"(looked for {candidates[-1]})")
+                    f"(looked for {default})")
 
 
 def _steps_in(train_args: list[str]) -> int:

@@ -319,7 +319,7 @@ def compare_runs(run_a, run_b) -> Comparison:
     notes = _notes(a.meta, b.meta)
     if not weight_files:
         notes.append("a run saved no weight file: its final weights are compared by their recorded digests only")
-    coverage = {key: sum(key in _compared_fields(x) and key in _compared_fields(y) for x, y in zip(a.steps, b.steps))
-                for key in (*EXACT_FIELDS, *DIGEST_FIELDS)}
+    both = [_compared_fields(x) & _compared_fields(y) for x, y in zip(a.steps, b.steps)]
+    coverage = {key: sum(key in fields for fields in both) for key in (*EXACT_FIELDS, *DIGEST_FIELDS)}
     return Comparison(str(run_a), str(run_b), len(a.steps), len(b.steps), first, final_equal, final_tensors, notes,
                       weight_files, coverage)
