@@ -55,7 +55,7 @@ def backward(p, schedule):
 SHAPES = {"mha": (2, 1000, 4, 4), "gqa4": (2, 1024, 8, 2)}
 
 
-@pytest.fixture(scope="module", params=[(n, d, c) for n in SHAPES for d in (64, 128) for c in (True, False)],
+@pytest.fixture(scope="module", params=[(n, d, c) for n in SHAPES for d in (64, 96, 128) for c in (True, False)],
                 ids=lambda x: f"{x[0]}-d{x[1]}-{'causal' if x[2] else 'full'}")
 def checked_problem(request):
     name, d, causal = request.param
@@ -300,7 +300,7 @@ FEATURES = {
 }
 
 
-@pytest.fixture(scope="module", params=[(f, d) for f in FEATURES for d in (64, 128)],
+@pytest.fixture(scope="module", params=[(f, d) for f in FEATURES for d in (64, 96, 128)],
                 ids=lambda x: f"{x[0]}-d{x[1]}")
 def feature_problem(request):
     name, d = request.param
@@ -602,15 +602,17 @@ def test_hugging_face_llama_through_this_backend_matches_fp32_eager(monkeypatch,
 
 @pytest.mark.parametrize("causal", (True, False), ids=("causal", "full"))
 @pytest.mark.parametrize("gqa", (1, 4))
-@pytest.mark.parametrize("head_dim", (64, 128))
+@pytest.mark.parametrize("head_dim", (64, 96, 128))
 def test_forward_matches_oracle_and_repeats_its_bits(causal, gqa, head_dim):
     g = torch.Generator(device="cuda").manual_seed(6)
     q = torch.randn(2, 1000, 8, head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
     k, v = (torch.randn(2, 1000, 8 // gqa, head_dim, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     out, lse = hopper.attention_forward(q, k, v, softmax_scale=head_dim ** -0.5, causal=causal)
+    oracle = oracle_and_bf16_math(q, k, v, torch.randn_like(q), causal=causal)
+    assert rel(out, oracle.out) <= 2 * oracle.out_bar, f"out: {rel(out, oracle.out):.2e} > 2 x {oracle.out_bar:.2e}"
     for i in range(2):
-        o, l_ = math_attention(*(t[i].double().cpu() for t in (q, k, v)), causal=causal)
-        assert rel(out[i], o) < 1e-2 and rel(lse[i], l_) < 1e-5
+        _, l_ = math_attention(*(t[i].double().cpu() for t in (q, k, v)), causal=causal)
+        assert rel(lse[i], l_) < 1e-5
     for _ in range(100):
         again = hopper.attention_forward(q, k, v, softmax_scale=head_dim ** -0.5, causal=causal)
         assert torch.equal(again[0], out) and torch.equal(again[1], lse)

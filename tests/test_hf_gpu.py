@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import dash_plugin
-from dash_plugin import ops
 from tests.test_hf_models import CONFIGS, load, logits_and_grads, pad_batch, saved, tokens  # noqa: F401
 
 pytestmark = pytest.mark.gpu
@@ -24,11 +23,11 @@ def test_hf_model_on_gpu_through_kernels_matches_fp32_eager(saved, name):  # noq
     weight = mask[..., None].float() * torch.randn(*ids.shape, 128, generator=torch.Generator().manual_seed(2))
     want_logits, want_grads = logits_and_grads(load(saved[name], "eager"), weight, input_ids=ids, attention_mask=mask)
     model = load(saved[name], "dash").to("cuda", torch.bfloat16)
-    probe = torch.empty(1, device="cuda", dtype=torch.bfloat16)
-    assert ops.kernel_path(probe) == "triton"
     logits, grads = logits_and_grads(model, weight.cuda().bfloat16(), input_ids=ids.cuda(), attention_mask=mask.cuda())
+    ran = dash_plugin.last_resolved()
+    assert ran.concrete_backend == "triton" and ran.deterministic, ran.describe()
+    assert grads.keys() == want_grads.keys()
     keep = mask.bool()
     assert rel(logits[keep], want_logits[keep]) < BF16_TOL
     assert rel(torch.cat([g.flatten() for g in grads.values()]),
                torch.cat([want_grads[n].flatten() for n in grads])) < BF16_TOL
-    assert dash_plugin.last_resolved().deterministic
