@@ -18,7 +18,7 @@ try:   # host-side TMA descriptors (Triton >= 3.4)
 except ImportError:  # pragma: no cover - older Triton: pointer loads only
     TensorDescriptor = None
 
-from . import tile_config
+from . import buffers, tile_config
 from ._triton_common import (LOG2E, as4d, col_range, dropout_keep, interior_cols, interpreting, load_tile, problem,
                              q_tile_program, seq_chunks, stats_strides, strides4, tanh, visible)
 from .philox import dropout_threshold, keep_scale
@@ -200,11 +200,11 @@ def attention_forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seql
     cfg = tile_config.fwd_config(q.dtype, pb.head_dim, interpret=interp)
     block_d = tile_config.padded_head_dim(pb.head_dim)
 
-    out = torch.empty_like(q)
+    out = buffers.empty_like(q)
     if pb.varlen:
-        lse = torch.empty((pb.heads_q, q.shape[0]), device=q.device, dtype=torch.float32)
+        lse = buffers.empty((pb.heads_q, q.shape[0]), torch.float32, q.device)
     else:
-        lse = torch.empty((pb.batch, pb.heads_q, pb.max_seqlen_q), device=q.device, dtype=torch.float32)
+        lse = buffers.empty((pb.batch, pb.heads_q, pb.max_seqlen_q), torch.float32, q.device)
     if pb.max_seqlen_q == 0 or pb.batch == 0:
         return out.zero_(), lse.fill_(float("inf"))
 

@@ -9,7 +9,7 @@ import functools
 import torch
 import triton
 
-from . import attn_bwd, attn_fwd, tile_config
+from . import attn_bwd, attn_fwd, buffers, tile_config
 from ._triton_common import LOG2E, interpreting, placeholder, problem, seq_chunks, stats_strides, strides4
 from .attn_fwd import _check_common, mask_params
 from .backends import DeviceProps, StuckWaitError
@@ -96,12 +96,12 @@ def _backward(plan, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=
     block_d = tile_config.padded_head_dim(pb.head_dim)
     varlen = pb.varlen
 
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    dk = buffers.empty_like(k)
+    dv = buffers.empty_like(v)
     if pb.batch == 0 or pb.max_seqlen_q == 0 or pb.max_seqlen_k == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
 
-    delta = torch.empty_like(lse)
+    delta = buffers.empty_like(lse)
     grid_m = triton.cdiv(pb.max_seqlen_q, cfg.block_m)
     for base, count in seq_chunks(pb.batch):
         attn_bwd._bwd_preprocess[(grid_m, pb.heads_q, count)](
@@ -117,7 +117,7 @@ def _backward(plan, dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=
     assert stats_strides(delta, varlen) == lse_strides
 
     if plan.mode == "split":
-        dq = torch.empty_like(q)
+        dq = buffers.empty_like(q)
         dqa = dq                      # the KV kernel does not touch it in split mode
     else:
         # fp32 accumulator, zeroed on the caller's stream for every call.

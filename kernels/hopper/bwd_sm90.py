@@ -46,6 +46,7 @@ from flash_attn.cute.tile_scheduler import SingleTileLPTBwdScheduler, SingleTile
 from flash_attn.cute.named_barrier import NamedBarrierBwd
 from quack import copy_utils, layout_utils
 
+from .. import buffers
 from ..philox import keep_scale
 from . import dropout_sm90
 from .masks import fa4_mask
@@ -813,18 +814,18 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     lse = lse.contiguous()
 
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = buffers.empty_like(q), buffers.empty_like(k), buffers.empty_like(v)
     if varlen:
         # FA4's packed accumulators: each sequence starts on a whole tile (SeqlenInfo.padded_offset_q)
         rows_q = (total_q + (batch + 1) * tm - 1) // tm * tm
-        dq_accum = torch.empty(heads, rows_q * hdim_r, dtype=torch.float32, device=dev)
-        dpsum = torch.empty(heads, rows_q, dtype=torch.float32, device=dev)
-        lse_log2 = torch.empty(heads, rows_q, dtype=torch.float32, device=dev)
+        dq_accum = buffers.empty((heads, rows_q * hdim_r), torch.float32, dev)
+        dpsum = buffers.empty((heads, rows_q), torch.float32, dev)
+        lse_log2 = buffers.empty((heads, rows_q), torch.float32, dev)
         kv_accum_shape = (heads_kv, (total_k + (batch + 1) * tn - 1) // tn * tn * hdim_r)
     else:
-        dq_accum = torch.empty(batch, heads, sq_r * hdim_r, dtype=torch.float32, device=dev)
-        dpsum = torch.empty(batch, heads, sq_r, dtype=torch.float32, device=dev)
-        lse_log2 = torch.empty(batch, heads, sq_r, dtype=torch.float32, device=dev)
+        dq_accum = buffers.empty((batch, heads, sq_r * hdim_r), torch.float32, dev)
+        dpsum = buffers.empty((batch, heads, sq_r), torch.float32, dev)
+        lse_log2 = buffers.empty((batch, heads, sq_r), torch.float32, dev)
         kv_accum_shape = (batch, heads_kv, sk_r * hdim_r)
     if group > 1:  # several query heads add into one dK/dV: fp32 accumulators, then convert
         dk_out = torch.zeros(kv_accum_shape, dtype=torch.float32, device=dev)

@@ -31,6 +31,7 @@ from flash_attn.cute import utils as fa4_utils
 from flash_attn.cute.cute_dsl_utils import maybe_contiguous, to_cute_aux_tensor, to_cute_tensor, torch2cute_dtype_map
 from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
 
+from .. import buffers
 from ..varlen import seqlens_of
 from . import dropout_sm90, fwd_persistent, fwd_tail_aligned, fwd_tile_order
 from .fwd_key import forward_key
@@ -150,7 +151,7 @@ def _compile(key, q, k, v, out, lse, softmax_scale, cu_seqlens_q, cu_seqlens_k, 
 def _empty(shape, dtype, device):
     """The outputs' allocation (tests put NaN-filled buffers with guard rows here, to see that
     every element is written and nothing outside)."""
-    return torch.empty(shape, dtype=dtype, device=device)
+    return buffers.empty(shape, dtype, device)
 
 
 def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_left: int = -1,
