@@ -99,16 +99,23 @@ def test_kernels_under_the_flag_give_the_bits_without_it_and_free_their_buffers(
         cu = torch.tensor([0, 300, 2000], device="cuda", dtype=torch.int32)
         kw.update(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1700, max_seqlen_k=1700)
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    torch.autograd.grad(dash_plugin.flash_attention(q, k, v, **kw).sum(), (q, k, v))   # plans and tables cached here
-    runs = []
-    for on in (False, True, False):
-        flag(on)
-        held = torch.cuda.memory_allocated()
+
+    def call():
         out = dash_plugin.flash_attention(q, k, v, **kw)
         grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
         assert dash_plugin.last_resolved().concrete_backend == backend
-        runs.append([t.clone() for t in (out, *grads)])
-        del out, grads
+        return [t.clone() for t in (out, *grads)]
+    for on in (False, True):   # plans, tables and compiled kernels cached under each setting
+        flag(on)
+        call()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    runs = []
+    for on in (False, True, False, True):
+        flag(on)
+        runs.append(call())
         torch.cuda.synchronize()
-        assert torch.cuda.memory_allocated() == held + sum(t.numel() * t.element_size() for t in runs[-1])
-    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(*runs))
+        kept = sum(t.numel() * t.element_size() for run in runs for t in run)
+        assert torch.cuda.memory_allocated() - base == kept, f"flag {on}: memory held beyond the results"
+    for name, *same in zip(("out", "dq", "dk", "dv"), *runs):
+        assert all(torch.equal(same[0], t) for t in same[1:]), f"{name}: flag on and off give different bits"
