@@ -83,10 +83,11 @@ def test_a_strided_tensor_keeps_torch_empty_like(flag, filled_allocations):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("backend", ("triton", "hopper"))
 @pytest.mark.parametrize("varlen", (False, True), ids=("dense", "packed"))
-def test_kernels_under_the_flag_give_the_bits_without_it_and_free_their_buffers(flag, backend, varlen):
-    """Forward and backward through the public API with the flag and its fill on give the bits of
-    the same calls with the flag off (the kernels read nothing they did not write), and the
-    storages made here go back to the caching allocator like any tensor's."""
+def test_kernels_under_the_flag_give_the_bits_without_it_and_free_their_buffers(flag, monkeypatch, backend, varlen):
+    """Forward and backward through the public API give one set of bits with the flag off, with
+    the flag and its fill on, and with our buffers NaN-filled too (`SKIP_FILL` off): the kernels
+    read nothing they did not write. The storages made here go back to the caching allocator like
+    any tensor's."""
     import dash_plugin
     from tests.gpu_oracle import hopper_ready
     if backend == "hopper" and not hopper_ready():
@@ -106,8 +107,9 @@ def test_kernels_under_the_flag_give_the_bits_without_it_and_free_their_buffers(
         assert dash_plugin.last_resolved().concrete_backend == backend
         return [t.clone() for t in (out, *grads)]
     runs = []
-    for on in (False, True, False, True):
+    for on, skip in ((False, True), (True, True), (True, False), (False, True), (True, True)):
         flag(on)
+        monkeypatch.setattr(buffers, "SKIP_FILL", skip)
         runs.append(call())
     # A storage made here and never freed would hold one call's buffers (the fp32 dQ accumulator
     # alone is 8 MB) after each call.
@@ -118,4 +120,5 @@ def test_kernels_under_the_flag_give_the_bits_without_it_and_free_their_buffers(
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == held, "memory held after calls under the flag"
     for name, *same in zip(("out", "dq", "dk", "dv"), *runs):
-        assert all(torch.equal(same[0], t) for t in same[1:]), f"{name}: flag on and off give different bits"
+        assert all(torch.equal(same[0], t) for t in same[1:]), \
+            f"{name}: different bits (flag off, on, on with NaN-filled buffers)"
