@@ -83,7 +83,9 @@ def test_a_strided_tensor_keeps_torch_empty_like(flag, filled_allocations):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("backend", ("triton", "hopper"))
 @pytest.mark.parametrize("varlen", (False, True), ids=("dense", "packed"))
-def test_kernels_under_the_flag_give_the_bits_without_it_and_free_their_buffers(flag, monkeypatch, backend, varlen):
+@pytest.mark.parametrize("schedule", ("auto", "descending"))   # Triton's auto is split: no dQ accumulator
+def test_kernels_under_the_flag_give_the_bits_without_it_and_free_their_buffers(flag, monkeypatch, backend, varlen,
+                                                                                 schedule):
     """Forward and backward through the public API give one set of bits with the flag off, with
     the flag and its fill on, and with our buffers NaN-filled too (`SKIP_FILL` off): the kernels
     read nothing they did not write. The storages made here go back to the caching allocator like
@@ -94,7 +96,7 @@ def test_kernels_under_the_flag_give_the_bits_without_it_and_free_their_buffers(
         pytest.skip("needs an sm90 GPU and the hopper extra")
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 1000, h, 128, device="cuda", dtype=torch.bfloat16, generator=g) for h in (8, 2, 2))
-    kw = dict(causal=True, deterministic=True, backend=backend)
+    kw = dict(causal=True, deterministic=True, backend=backend, schedule=schedule)
     if varlen:
         q, k, v = (t.flatten(0, 1) for t in (q, k, v))
         cu = torch.tensor([0, 300, 2000], device="cuda", dtype=torch.int32)

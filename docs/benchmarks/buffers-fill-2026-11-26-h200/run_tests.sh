@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-[ -d /tmp/site ] || { echo COLD; exit 7; }
 source out/setup.sh
 T="tests/test_buffers.py"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -rf --tb=short -W ignore::DeprecationWarning -W ignore::UserWarning $T 2>&1 | tail -15 | tee $OUT/test_buffers.log
-# mutation: keep every storage made under the flag (a leak); the GPU test must fail
+# mutation: the Triton backward accumulates dQ into a buffer it never zeroed; the NaN-filled run must show it
+cp kernels/triton_backend.py /tmp/tb.py
 python3 - <<'PY'
-p = "kernels/buffers.py"
+p = "kernels/triton_backend.py"
 s = open(p).read()
-s = s.replace("    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape)",
-              "    _LEAK.append(storage)\n    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape)") + "\n_LEAK = []\n"
-open(p, "w").write(s)
+old = "dqa = torch.zeros(q.shape, device=q.device, dtype=torch.float32)"
+assert old in s
+open(p, "w").write(s.replace(old, "dqa = buffers.empty(q.shape, torch.float32, q.device)"))
 PY
-timeout 150 python3 -m pytest -q -p no:cacheprovider -rf --tb=line -W ignore::DeprecationWarning -W ignore::UserWarning $T -k under_the_flag 2>&1 | tail -8 | tee $OUT/test_buffers_mutant.log
-git checkout kernels/buffers.py
+timeout 150 python3 -m pytest -q -p no:cacheprovider -rf --tb=line -W ignore::DeprecationWarning -W ignore::UserWarning $T -k "under_the_flag_give and triton and descending" 2>&1 | tail -8 | tee $OUT/test_buffers_mutant_unzeroed.log
+cp /tmp/tb.py kernels/triton_backend.py
