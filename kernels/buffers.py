@@ -4,11 +4,10 @@ dq, dk, dv) and workspaces (delta, the Hopper backward's fp32 dQ accumulator and
 Under `torch.use_deterministic_algorithms(True)` PyTorch fills every new tensor with NaN
 (`torch.utils.deterministic.fill_uninitialized_memory`): a guard that makes an op which reads
 memory it never wrote give the same result on every run. Our kernels read none of these buffers
-before writing them, which is how they run without the flag (memory as the allocator hands it
-over, as in every benchmark and most tests; the GPU tests hand the forward NaN-filled buffers and
-check every element was written). The fill is one more pass over memory per buffer, about as
-many bytes as the attention's inputs and outputs; the buffers allocated here skip it.
-Accumulators that must start at zero and the order counters are `torch.zeros`, as before.
+before writing them (docs/DESIGN.md, rule 9; tests/test_buffers.py runs them on NaN-filled
+buffers and on unfilled ones and compares the bits). The fill is one more pass over memory per
+buffer, about as many bytes as the attention's inputs and outputs; the buffers allocated here
+skip it. Accumulators that must start at zero and the order counters are `torch.zeros`.
 """
 import math
 
@@ -19,23 +18,29 @@ import torch
 SKIP_FILL = True
 
 
-def _filling() -> bool:
-    return torch.are_deterministic_algorithms_enabled() and torch.utils.deterministic.fill_uninitialized_memory
+def _skipping() -> bool:
+    return (SKIP_FILL and torch.are_deterministic_algorithms_enabled()
+            and torch.utils.deterministic.fill_uninitialized_memory)
+
+
+def _unfilled(shape, dtype: torch.dtype, device, stride=None) -> torch.Tensor:
+    """A tensor on raw storage from the same caching allocator (on the current stream): PyTorch
+    fills new tensors, not new storages. `stride` must be that of a dense tensor of `shape`."""
+    storage = torch.UntypedStorage(math.prod(shape) * dtype.itemsize, device=device)
+    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, stride)
 
 
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """torch.empty(shape), without PyTorch's NaN fill under the deterministic flag."""
-    if not (SKIP_FILL and _filling()):
+    """torch.empty(shape, dtype=dtype, device=device), without the fill."""
+    if not _skipping():
         return torch.empty(shape, dtype=dtype, device=device)
-    shape = tuple(shape)
-    # Raw storage from the same caching allocator (on the current stream); storages are not filled.
-    storage = torch.UntypedStorage(math.prod(shape) * dtype.itemsize, device=device)
-    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape)
+    return _unfilled(tuple(shape), dtype, device)
 
 
 def empty_like(t: torch.Tensor) -> torch.Tensor:
-    """torch.empty_like(t) without the fill; a strided `t` keeps torch.empty_like (its layout
-    rules, and the fill)."""
-    if not t.is_contiguous():
+    """torch.empty_like(t), its strides included (a contiguous tensor may still have any stride
+    on a dimension of size 1, and the kernels read a buffer's strides from its input's), without
+    the fill. A tensor that is not contiguous keeps torch.empty_like's layout rules and its fill."""
+    if not (_skipping() and t.is_contiguous()):
         return torch.empty_like(t)
-    return empty(t.shape, t.dtype, t.device)
+    return _unfilled(t.shape, t.dtype, t.device, t.stride())

@@ -1,8 +1,12 @@
-"""Helpers shared by the GPU tests of the backends (tests/test_gpu_hopper.py, tests/test_gpu_dropout.py).
+"""Helpers shared by the GPU tests of the backends (tests/test_gpu_*.py).
 
 - the float64 oracle (tests/math_attention.py, per sequence, autograd for the gradients) and the
-  error bar of the FlashAttention papers: twice the error of plain bf16 PyTorch math against it;
-  for dense batches of equal lengths, and for packed (varlen) batches or unequal lengths;
+  error bar of the FlashAttention papers: twice the error of plain PyTorch math in the inputs'
+  dtype (bf16; fp16 in the Triton tests) against it. `oracle_and_bf16_math` for dense bf16
+  batches of equal lengths (the math batched); `packed_oracle_and_bf16_math` sequence by
+  sequence, for packed (varlen) batches or unequal lengths, and `oracle_of_call` over it for any
+  call's keywords. So two dense paths exist: the Hopper, dropout and wide-head suites ran on the
+  GPU against the first's bars; moving them onto `oracle_of_call` means re-running them there;
 - the dropout keep-mask of a dense batch, as kernels/philox.py defines it;
 - whether the Hopper backend can run here (an sm90 GPU and the `hopper` extra).
 
@@ -32,10 +36,11 @@ def rel(a, b):
 
 
 class Oracle(NamedTuple):
-    out: torch.Tensor        # float64 (B, S, H_q, D) on the CPU
-    grads: list              # dq, dk, dv, float64 on the CPU
-    out_bar: float           # rel error of bf16 PyTorch math's out against `out`
+    out: torch.Tensor        # float64 on the CPU: (B, S, H_q, D) dense, (T, H_q, D) packed
+    grads: list              # dq, dk, dv, float64 on the CPU, shaped as q, k, v (packed: as out)
+    out_bar: float           # rel error of plain PyTorch math's out against `out`
     grad_bars: list          # ... of its dq, dk, dv against `grads`
+    lse: torch.Tensor        # float64 (B, H_q, S) dense, (H_q, T) packed; +inf where no key is seen
 
 
 def oracle_and_bf16_math(q, k, v, do, *, causal, window_left=-1, window_right=-1, softcap=0.0,
@@ -45,12 +50,13 @@ def oracle_and_bf16_math(q, k, v, do, *, causal, window_left=-1, window_right=-1
     that a kernel's out / dq / dk / dv must stay under."""
     b, s, hq, d = q.shape
     right = 0 if causal else window_right
-    outs, ref = [], []
+    outs, lses, ref = [], [], []
     for i in range(b):
         qi, ki, vi = (t[i].detach().double().cpu().requires_grad_() for t in (q, k, v))
-        o, _ = math_attention(qi, ki, vi, causal=causal, window_left=window_left, window_right=right,
-                              softcap=softcap, dropout_p=dropout_p, seed=seed, batch_index=i)
+        o, lse = math_attention(qi, ki, vi, causal=causal, window_left=window_left, window_right=right,
+                                softcap=softcap, dropout_p=dropout_p, seed=seed, batch_index=i)
         outs.append(o.detach())
+        lses.append(lse.detach())
         ref.append(torch.autograd.grad(o, (qi, ki, vi), do[i].double().cpu()))
     ref = [torch.stack([r[j] for r in ref]) for j in range(3)]
     out = torch.stack(outs)
@@ -73,22 +79,25 @@ def oracle_and_bf16_math(q, k, v, do, *, causal, window_left=-1, window_right=-1
         probs = (probs.float() * drop).to(probs.dtype)
     o = torch.einsum("bhqk,bkhd->bqhd", probs, ve)
     base = torch.autograd.grad(o, (qx, kx, vx), do)
-    return Oracle(out, ref, rel(o, out), [rel(x, r) for x, r in zip(base, ref)])
+    return Oracle(out, ref, rel(o, out), [rel(x, r) for x, r in zip(base, ref)], torch.stack(lses))
 
 
 def packed_oracle_and_bf16_math(q, k, v, do, cu_seqlens_q, cu_seqlens_k, **mask) -> Oracle:
-    """`oracle_and_bf16_math` for packed (T, H, D) bf16 CUDA inputs: sequence by sequence, masks
-    bottom-right aligned where a sequence's lengths differ (a dense batch of unequal lengths is
-    the packed batch of its rows). The bf16 math runs on the GPU; a row that sees no key gives 0.
-    `mask` may name dropout_p and seed: the mask of sequence b is that of batch index b."""
+    """`oracle_and_bf16_math` for packed (T, H, D) CUDA inputs (bf16 or fp16; the plain math runs
+    in that dtype on the GPU): sequence by sequence, masks bottom-right aligned where a sequence's
+    lengths differ (a dense batch of unequal lengths is the packed batch of its rows); a row that
+    sees no key gives 0. `mask`: math_attention's keywords (causal, softmax_scale, window_left/right,
+    softcap, dropout_p, seed); the dropout mask of sequence b is that of batch index b."""
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    runs = {}   # dtype -> (outs, dq, dk, dv) per sequence
+    runs, lses = {}, []   # dtype -> (outs, dq, dk, dv) per sequence; float64 lse per sequence
     for dtype, device in ((torch.float64, "cpu"), (q.dtype, q.device)):
         parts = [[], [], [], []]
         for b in range(len(cq) - 1):
             rq, rk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
             qi, ki, vi = (t[r].detach().to(device, dtype).requires_grad_() for t, r in ((q, rq), (k, rk), (v, rk)))
-            o, _ = math_attention(qi, ki, vi, batch_index=b, **mask)   # dropout keys its mask by sequence
+            o, lse = math_attention(qi, ki, vi, batch_index=b, **mask)   # dropout keys its mask by sequence
+            if dtype == torch.float64:
+                lses.append(lse.detach())
             if o.numel() and ki.shape[0]:
                 grads = torch.autograd.grad(o, (qi, ki, vi), do[rq].to(device, dtype))
             else:   # an empty sequence: nothing flows
@@ -97,4 +106,23 @@ def packed_oracle_and_bf16_math(q, k, v, do, cu_seqlens_q, cu_seqlens_k, **mask)
                 part.append(x)
         runs[dtype] = [torch.cat(p) for p in parts]
     ref, math = runs[torch.float64], runs[q.dtype]
-    return Oracle(ref[0], ref[1:], rel(math[0], ref[0]), [rel(x, r) for x, r in zip(math[1:], ref[1:])])
+    return Oracle(ref[0], ref[1:], rel(math[0], ref[0]), [rel(x, r) for x, r in zip(math[1:], ref[1:])],
+                  torch.cat(lses, dim=1))
+
+
+def flat(t):
+    """A dense (B, S, ...) tensor as the packed (B * S, ...) one of its rows."""
+    return t.reshape(-1, *t.shape[2:])
+
+
+def oracle_of_call(q, k, v, do, **kw) -> Oracle:
+    """The oracle of a dense (B, S, H, D) or packed (T, H, D) call with the kernel's keywords
+    (cu_seqlens_q/k and max_seqlen_q/k for packed calls, softmax_scale and the mask's), through
+    `packed_oracle_and_bf16_math`: out and grads packed (T, H, D), lse (H_q, T)."""
+    if kw.get("cu_seqlens_q") is not None:
+        cu = kw["cu_seqlens_q"], kw["cu_seqlens_k"]
+    else:
+        cu = [torch.arange(q.shape[0] + 1, device=q.device, dtype=torch.int32) * n for n in (q.shape[1], k.shape[1])]
+        q, k, v, do = (flat(t) for t in (q, k, v, do))
+    mask = {n: x for n, x in kw.items() if not n.startswith(("cu_seqlens", "max_seqlen"))}
+    return packed_oracle_and_bf16_math(q, k, v, do, *cu, **mask)

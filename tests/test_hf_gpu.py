@@ -7,14 +7,11 @@ import pytest
 import torch
 
 import dash_plugin
+from tests.gpu_oracle import rel
 from tests.test_hf_models import CONFIGS, load, logits_and_grads, pad_batch, saved, tokens  # noqa: F401
 
 pytestmark = pytest.mark.gpu
 BF16_TOL = 3e-2
-
-
-def rel(a, b):
-    return ((a.float().cpu() - b.float()).norm() / b.float().norm().clamp_min(1e-12)).item()
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
