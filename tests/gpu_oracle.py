@@ -2,11 +2,9 @@
 
 - the float64 oracle (tests/math_attention.py, per sequence, autograd for the gradients) and the
   error bar of the FlashAttention papers: twice the error of plain PyTorch math in the inputs'
-  dtype (bf16; fp16 in the Triton tests) against it. `oracle_and_bf16_math` for dense bf16
-  batches of equal lengths (the math batched); `packed_oracle_and_bf16_math` sequence by
-  sequence, for packed (varlen) batches or unequal lengths, and `oracle_of_call` over it for any
-  call's keywords. So two dense paths exist: the Hopper, dropout and wide-head suites ran on the
-  GPU against the first's bars; moving them onto `oracle_of_call` means re-running them there;
+  dtype (bf16; fp16 in the Triton tests) against it. One path, sequence by sequence
+  (`packed_oracle_and_bf16_math`); `oracle_of_call` gives it any call's keywords, dense or
+  packed, and `oracle_and_bf16_math` shapes its results as a dense batch's;
 - the dropout keep-mask of a dense batch, as kernels/philox.py defines it;
 - whether the Hopper backend can run here (an sm90 GPU and the `hopper` extra).
 
@@ -18,7 +16,6 @@ import pytest
 import torch
 
 from dash_plugin.kernels import hopper
-from dash_plugin.kernels.philox import keep_scale
 from tests.math_attention import keep_mask, math_attention  # noqa: F401 (keep_mask: the tests import it from here)
 
 
@@ -45,41 +42,15 @@ class Oracle(NamedTuple):
 
 def oracle_and_bf16_math(q, k, v, do, *, causal, window_left=-1, window_right=-1, softcap=0.0,
                          dropout_p=0.0, seed=0):
-    """The float64 oracle of dense (B, S, H, D) bf16 CUDA inputs (equal lengths), and the error of
-    plain bf16 PyTorch math (the same mask, softcap and dropout mask) against it: the bar, times 2,
-    that a kernel's out / dq / dk / dv must stay under."""
-    b, s, hq, d = q.shape
-    right = 0 if causal else window_right
-    outs, lses, ref = [], [], []
-    for i in range(b):
-        qi, ki, vi = (t[i].detach().double().cpu().requires_grad_() for t in (q, k, v))
-        o, lse = math_attention(qi, ki, vi, causal=causal, window_left=window_left, window_right=right,
-                                softcap=softcap, dropout_p=dropout_p, seed=seed, batch_index=i)
-        outs.append(o.detach())
-        lses.append(lse.detach())
-        ref.append(torch.autograd.grad(o, (qi, ki, vi), do[i].double().cpu()))
-    ref = [torch.stack([r[j] for r in ref]) for j in range(3)]
-    out = torch.stack(outs)
-    qx, kx, vx = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    ke, ve = (t.repeat_interleave(hq // k.shape[2], dim=2) for t in (kx, vx))
-    sc = torch.einsum("bqhd,bkhd->bhqk", qx, ke) * d ** -0.5
-    if softcap > 0:
-        sc = softcap * torch.tanh(sc / softcap)
-    rows = torch.arange(s, device=q.device)[:, None]
-    cols = torch.arange(s, device=q.device)[None, :]
-    hidden = torch.zeros(s, s, device=q.device, dtype=torch.bool)
-    if right >= 0:
-        hidden |= cols > rows + right
-    if window_left >= 0:
-        hidden |= cols < rows - window_left
-    sc = sc.masked_fill(hidden, float("-inf"))
-    probs = sc.softmax(-1)
-    if dropout_p > 0:   # as F.dropout on bf16: the product in fp32, rounded to bf16
-        drop = keep_mask(seed, dropout_p, b, hq, s, s, device=q.device).float() * keep_scale(dropout_p)
-        probs = (probs.float() * drop).to(probs.dtype)
-    o = torch.einsum("bhqk,bkhd->bqhd", probs, ve)
-    base = torch.autograd.grad(o, (qx, kx, vx), do)
-    return Oracle(out, ref, rel(o, out), [rel(x, r) for x, r in zip(base, ref)], torch.stack(lses))
+    """The float64 oracle of dense (B, S, H, D) CUDA inputs (equal lengths) and the error of plain
+    PyTorch math in their dtype (the same mask, softcap and dropout mask) against it: the bar,
+    times 2, that a kernel's out / dq / dk / dv must stay under. Shaped as the inputs; lse
+    (B, H_q, S)."""
+    b, s, hq, _ = q.shape
+    o = oracle_of_call(q, k, v, do, causal=causal, window_left=window_left, window_right=window_right,
+                       softcap=softcap, dropout_p=dropout_p, seed=seed)
+    return Oracle(o.out.view(q.shape), [g.view(t.shape) for g, t in zip(o.grads, (q, k, v))], o.out_bar,
+                  o.grad_bars, o.lse.view(hq, b, s).transpose(0, 1))
 
 
 def packed_oracle_and_bf16_math(q, k, v, do, cu_seqlens_q, cu_seqlens_k, **mask) -> Oracle:
