@@ -251,3 +251,21 @@ def test_head_dims_below_and_between_the_padded_sizes(head_dim, schedule):
     for a, b, c in zip(got, by_hand, want):
         assert torch.equal(a, b[..., :head_dim])
         assert _rel(a, c) < 1e-5
+
+
+@pytest.mark.parametrize("schedule", ("split", "descending"))
+def test_one_head_sliced_from_a_call_gives_that_heads_gradients(schedule):
+    """Inputs that are one head of a larger call: views, with lse a slice whose size-1 head
+    dimension keeps its parent's stride (contiguous all the same). The backward reads delta with
+    lse's strides, so the buffers made for it must keep them; the head's gradients are the full
+    call's, bit for bit (heads never mix)."""
+    q, k, v, do = _inputs((1, 40, 40, 3, 3, 32), torch.float32)
+    kw = dict(softmax_scale=32 ** -0.5, causal=True)
+    out, lse = attn_fwd.attention_forward(q, k, v, **kw)
+    whole = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
+    head = lambda t: t[:, :, 1:2]  # noqa: E731
+    one_lse = lse[:, 1:2]
+    assert one_lse.is_contiguous() and one_lse.stride() != (40, 40, 1)
+    alone = triton_backward(*(head(t) for t in (do, q, k, v, out)), one_lse, schedule=schedule, **kw)
+    for name, a, w in zip(("dq", "dk", "dv"), alone, whole):
+        assert torch.equal(a, head(w)), name
