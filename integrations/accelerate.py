@@ -97,9 +97,12 @@ def setup_deterministic_training(seed: int = 0, *, warn_only: bool = False, set_
             largest integer), so an op that reads memory it never wrote gives the same (and visible) result
             each run. That fill is what the flag costs a training step: 2.9-4.2 % of a 1B model's step on an
             H200 at 4k and 8k tokens; without it the deterministic step is within 1.0 % of the one with
-            non-deterministic attention and the flag off (docs/benchmarks/e2e-2026-11-26-h200/). False keeps
-            every deterministic algorithm and drops only the fill; the bits stay reproducible as long as no op
-            reads memory it did not write (`dash-repro compare` checks two runs either way).
+            non-deterministic attention and the flag off (docs/benchmarks/e2e-2026-11-26-h200/). Our GPU
+            attention kernels' own outputs and workspaces skip the fill either way (they write them before
+            reading them; dash_plugin.kernels.buffers), which saves 0.4-0.6 % of that step
+            (docs/benchmarks/buffers-fill-2026-11-26-h200/). False keeps every deterministic algorithm and
+            drops the fill everywhere else too; the bits stay reproducible as long as no op reads memory it
+            did not write (`dash-repro compare` checks two runs either way).
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
         raise ValueError(f"seed={seed!r} is not allowed; pass an int in [0, 2**63)")
@@ -133,7 +136,9 @@ def setup_deterministic_training(seed: int = 0, *, warn_only: bool = False, set_
     torch.use_deterministic_algorithms(True, warn_only=warn_only)
     s["torch.use_deterministic_algorithms"] = f"True (warn_only={warn_only})"
     torch.utils.deterministic.fill_uninitialized_memory = fill_uninitialized_memory
-    s["torch.utils.deterministic.fill_uninitialized_memory"] = str(fill_uninitialized_memory)
+    ours = " (dash_plugin's GPU kernels skip it for their own buffers: written before read)"
+    s["torch.utils.deterministic.fill_uninitialized_memory"] = str(fill_uninitialized_memory) + (
+        ours if fill_uninitialized_memory else "")
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False  # benchmarking picks algorithms by timing: never the same twice
     s["cudnn.deterministic / cudnn.benchmark"] = "True / False"
