@@ -68,3 +68,27 @@ def test_the_cpu_path_never_imports_triton():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_a_plain_install_carries_the_training_script_dash_repro_runs(tmp_path):
+    """`pip install .` (not editable): dash-repro's default training script comes with the package
+    (`dash_plugin.examples`), found from a directory outside any checkout."""
+    import shutil
+    from pathlib import Path
+
+    src = tmp_path / "src"   # a copy: an install builds in the source tree
+    src.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(ROOT, name), src / name)
+    for folder in ("dash_plugin", "kernels", "integrations", "examples"):
+        shutil.copytree(os.path.join(ROOT, folder), src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    site = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", str(site), str(src)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    code = "from dash_plugin.repro.cli import find_script; print(find_script())"
+    env = {**{k: v for k, v in os.environ.items() if k != "DASH_REPRO_SCRIPT"}, "PYTHONPATH": str(site)}
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert Path(r.stdout.strip()) == site / "dash_plugin" / "examples" / "train_accelerate.py"

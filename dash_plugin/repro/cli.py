@@ -86,8 +86,11 @@ class _SignalsStopRuns:
 
 
 def find_script(explicit: str | None = None) -> Path:
-    """The training script: --script, else $DASH_REPRO_SCRIPT, else examples/train_accelerate.py of the
-    checkout this package lives in (an editable or source install)."""
+    """The training script: --script, else $DASH_REPRO_SCRIPT, else examples/train_accelerate.py:
+    the installed copy (`dash_plugin.examples`), or the checkout's next to this package (a source
+    tree on PYTHONPATH)."""
+    import importlib.util
+
     import dash_plugin
 
     for given, what in ((explicit, "--script"), (os.environ.get(SCRIPT_ENV), SCRIPT_ENV)):
@@ -95,11 +98,15 @@ def find_script(explicit: str | None = None) -> Path:
             if not Path(given).is_file():
                 raise RunFailed(f"{what}={given}: no such file (the training script to run)")
             return Path(given)
-    default = Path(dash_plugin.__file__).resolve().parent.parent / "examples" / "train_accelerate.py"
-    if default.is_file():
-        return default
+    spec = importlib.util.find_spec("dash_plugin.examples")
+    folders = list(spec.submodule_search_locations) if spec else []
+    folders.append(Path(dash_plugin.__file__).resolve().parent.parent / "examples")
+    candidates = [Path(folder) / "train_accelerate.py" for folder in folders]
+    for script in candidates:
+        if script.is_file():
+            return script
     raise RunFailed(f"cannot find the training script: pass --script PATH or set {SCRIPT_ENV} "
-                    f"(looked for {default})")
+                    f"(looked for {', '.join(map(str, candidates))})")
 
 
 def _steps_in(train_args: list[str]) -> int:
