@@ -76,6 +76,9 @@ def test_a_plain_install_carries_the_training_script_dash_repro_runs(tmp_path):
     import shutil
     from pathlib import Path
 
+    import pytest
+    for name in ("setuptools", "wheel"):   # pyproject's build requirements, used here without isolation
+        pytest.importorskip(name)
     src = tmp_path / "src"   # a copy: an install builds in the source tree
     src.mkdir()
     for name in ("setup.cfg", "pyproject.toml", "README.md"):
