@@ -2,9 +2,13 @@
 the tests), not a requirement (about 1 GB that a CPU-only install never imports)."""
 import configparser
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRITON = 'triton>=3.6; platform_system == "Linux" and platform_machine == "x86_64"'
@@ -73,10 +77,6 @@ def test_the_cpu_path_never_imports_triton():
 def test_a_plain_install_carries_the_training_script_dash_repro_runs(tmp_path):
     """`pip install .` (not editable): dash-repro's default training script comes with the package
     (`dash_plugin.examples`), found from a directory outside any checkout."""
-    import shutil
-    from pathlib import Path
-
-    import pytest
     for name in ("setuptools", "wheel"):   # pyproject's build requirements, used here without isolation
         pytest.importorskip(name)
     src = tmp_path / "src"   # a copy: an install builds in the source tree
