@@ -1,5 +1,6 @@
 """What an install pulls in: the CPU path runs without Triton, which is an extra (gpu, and dev for
-the tests), not a requirement (about 1 GB that a CPU-only install never imports)."""
+the tests), not a requirement (about 1 GB that a CPU-only install never imports); and what a plain
+(not editable) install carries: the training script dash-repro runs."""
 import configparser
 import os
 import shutil
