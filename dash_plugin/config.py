@@ -297,7 +297,8 @@ _last = threading.local()
 
 
 def last_resolved():
-    """The ResolvedConfig of this thread's most recent ``flash_attention`` call (None before any)."""
+    """The ResolvedConfig of this thread's most recent ``flash_attention`` call that got as far as
+    choosing its backend (a call refused before that leaves the previous one; None before any)."""
     pending = getattr(_last, "pending", None)
     if pending is not None:
         config, ran, plan = pending
