@@ -4,6 +4,7 @@ import math
 import torch
 
 from . import checks, config, dispatch, ops
+from .schedules.builders import is_fallback
 
 
 def _plan_fallback(backend: str, schedule: str, q_meta, k_meta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -17,7 +18,7 @@ def _plan_fallback(backend: str, schedule: str, q_meta, k_meta, cu_seqlens_q, cu
         q, k, schedule=schedule, backend=backend, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, window_left=window_left,
         window_right=window_right, softcap=softcap, dropout_p=dropout_p)
-    return "; ".join(v for v in variants if "fallback" in v)
+    return "; ".join(v for v in variants if is_fallback(v))
 
 
 def _draw_seed() -> int:
@@ -60,11 +61,7 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     if varlen:
         max_seqlen_q, max_seqlen_k = checks.check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     else:
-        for name, given, actual in (("max_seqlen_q", max_seqlen_q, q.shape[1]), ("max_seqlen_k", max_seqlen_k, k.shape[1])):
-            if given is not None and given != actual:
-                raise ValueError(f"{name}={given!r} is for packed (varlen) calls; this dense call's length is {actual} "
-                                 f"(leave it out, or pass {actual})")
-        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
+        max_seqlen_q, max_seqlen_k = checks.check_dense_lengths(q, k, max_seqlen_q, max_seqlen_k)
     left, right = checks.unbounded_beyond(left, right, max_seqlen_q, max_seqlen_k)
 
     resolved = config.resolve_config(schedule=schedule, deterministic=deterministic, backend=backend,

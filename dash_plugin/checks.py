@@ -94,6 +94,15 @@ def _check_cu_seqlens_layout(name, cu, batch=None):
         raise ValueError(f"{name} has {cu.numel()} entries but cu_seqlens_q has {batch + 1}; both must be (batch + 1,)")
 
 
+def check_dense_lengths(q, k, max_seqlen_q, max_seqlen_k):
+    """(max_seqlen_q, max_seqlen_k) of a dense call: its lengths; given ones must equal them."""
+    for name, given, actual in (("max_seqlen_q", max_seqlen_q, q.shape[1]), ("max_seqlen_k", max_seqlen_k, k.shape[1])):
+        if given is not None and given != actual:
+            raise ValueError(f"{name}={given!r} is for packed (varlen) calls; this dense call's length is {actual} "
+                             f"(leave it out, or pass {actual})")
+    return q.shape[1], k.shape[1]
+
+
 def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     """(max_seqlen_q, max_seqlen_k) of a varlen call: the given ones, checked against the longest
     sequences, or the longest ones. The offsets are read (one small host copy) and checked, except

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from dash_plugin.kernels import buffers
+from tests.gpu_oracle import HOPPER_SKIP
 
 SETTINGS = ((True, True), (True, False), (False, True))   # (torch flag, its fill)
 
@@ -77,7 +78,7 @@ def test_pytorchs_fill_where_there_is_nothing_to_skip_or_skipping_is_off(flag, m
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("backend", ("triton", "hopper"))
+@pytest.mark.parametrize("backend", ("triton", pytest.param("hopper", marks=HOPPER_SKIP)))
 @pytest.mark.parametrize("varlen", (False, True), ids=("dense", "packed"))
 @pytest.mark.parametrize("schedule", ("auto", "descending"))   # Triton's auto is split: no dQ accumulator
 @pytest.mark.parametrize("case", ("gqa4-causal-d128", "mha-window-sq-gt-sk-d64", "mha-full-dropout-d96"))
@@ -90,9 +91,6 @@ def test_kernels_under_the_flag_give_the_bits_without_it_and_free_their_buffers(
     no key reaches, so the dQ accumulator is zeroed rather than stored first), hdim 96 with
     dropout. The storages made here go back to the caching allocator like any tensor's."""
     import dash_plugin
-    from tests.gpu_oracle import hopper_ready
-    if backend == "hopper" and not hopper_ready():
-        pytest.skip("needs an sm90 GPU and the hopper extra")
     heads, d, (sq, sk), mask = {
         "gqa4-causal-d128": ((8, 2), 128, (1000, 1000), dict(causal=True)),
         "mha-window-sq-gt-sk-d64": ((8, 8), 64, (1300, 700), dict(causal=True, window=(256, 0))),

@@ -12,6 +12,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
+from ..schedules.builders import is_fallback
 from .clocks import NOT_CUDA
 
 MIB = 2.0 ** 20
@@ -24,7 +25,7 @@ SUSPECT_ERR = 0.05
 def ran_a_fallback(cell: dict) -> list[str]:
     """The fallback orders a dash cell's backward ran instead of its named schedule (empty: none;
     the runner records the launch plan's variants as `plan_variants`)."""
-    return [v for v in cell.get("plan_variants", []) if "fallback" in v]
+    return [v for v in cell.get("plan_variants", []) if is_fallback(v)]
 
 
 def index_cells(results: dict) -> dict:

@@ -58,6 +58,12 @@ class Worker:
         return sum(len(s.q_tiles) for s in self.segments)
 
 
+def is_fallback(variant: str) -> bool:
+    """Whether a built variant is a fallback order, built where the named one does not apply
+    (its name says so and why: "descending (fallback: not a causal mask)")."""
+    return "(fallback: " in variant
+
+
 @dataclass(frozen=True)
 class SequenceSchedule:
     geometry: SeqGeometry
