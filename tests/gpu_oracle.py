@@ -5,6 +5,10 @@
   dtype (bf16; fp16 in the Triton tests) against it. One path, sequence by sequence
   (`packed_oracle_and_bf16_math`); `oracle_of_call` gives it any call's keywords, dense or
   packed, and `oracle_and_bf16_math` shapes its results as a dense batch's;
+- `assert_within_bar`: a kernel's result against the oracle, under that bar
+  (`assert_call_matches_oracle`: a whole call's out and gradients);
+- `assert_same_sums`: two results of one kernel's fp32 sums added in different orders (two
+  schedules) agree element by element to one rounding step of their dtype;
 - the dropout keep-mask of a dense batch, as kernels/philox.py defines it;
 - whether the Hopper backend can run here (an sm90 GPU and the `hopper` extra).
 
@@ -30,6 +34,50 @@ HOPPER_SKIP = pytest.mark.skipif(not hopper_ready(), reason="needs an sm90 GPU a
 def rel(a, b):
     """Relative L2 error of a (any device, any dtype) against the float64 CPU tensor b."""
     return ((a.double().cpu() - b).norm() / b.norm()).item()
+
+
+def assert_within_bar(name, got, want, bar):
+    """`got` (any device and dtype, reshaped as `want`) within twice plain math's error `bar`
+    of the float64 oracle `want`."""
+    assert 0 < bar < float("inf"), f"{name}: plain math's error {bar} is no bar"
+    assert torch.isfinite(got).all(), f"{name}: NaN/inf"
+    err = rel(got.reshape(want.shape), want)
+    assert err <= 2 * bar, f"{name}: error {err:.2e} > 2 x plain math's {bar:.2e}"
+
+
+def assert_call_matches_oracle(q, k, v, out, **kw):
+    """A call's out (from q, k, v with requires_grad, keywords `kw` as oracle_of_call takes them)
+    and its gradients for a random upstream gradient, each within the oracle's bar."""
+    do = torch.randn(out.shape, device=out.device, dtype=out.dtype,
+                     generator=torch.Generator(device=out.device).manual_seed(1))
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    oracle = oracle_of_call(q.detach(), k.detach(), v.detach(), do, **kw)
+    for name, got, want, bar in zip(("out", "dq", "dk", "dv"), (out.detach(), *grads), (oracle.out, *oracle.grads),
+                                    (oracle.out_bar, *oracle.grad_bars)):
+        assert_within_bar(name, got, want, bar)
+
+
+def same_sums_excess(a, b) -> float:
+    """How far two bf16/fp16 results of the same fp32 sums, added in different orders, part:
+    the largest |a - b| over one rounding step (ulp) of the larger of the two, plus a floor of
+    1e-3 x rms(b). The two fp32 sums differ by fp32 rounding, far below a step of the output
+    dtype, so each element rounds to the same value or a neighbour (<= 1). A contribution lost
+    or added twice moves its elements by about rms / sqrt(contributions), tens of steps; the
+    floor covers elements near zero, whose step is smaller than the fp32 sums' own error."""
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    eps = torch.finfo(a.dtype).eps                # one step at magnitudes in [1, 2)
+    a, b = a.double().cpu(), b.double().cpu()
+    assert torch.isfinite(a).all() and torch.isfinite(b).all(), "NaN/inf"
+    _, exponent = torch.frexp(torch.maximum(a.abs(), b.abs()))   # |x| in [2**(e-1), 2**e)
+    step = eps * torch.ldexp(torch.ones_like(a), exponent - 1)
+    floor = 1e-3 * b.pow(2).mean().sqrt()
+    return ((a - b).abs() / (step + floor)).max().item()
+
+
+def assert_same_sums(name, a, b):
+    excess = same_sums_excess(a, b)
+    print(f"[same sums] {name}: {excess:.3f} of the allowance")   # the margin, for the records (-rP)
+    assert excess <= 1, f"{name}: differs by {excess:.2f} x (one rounding step + floor) somewhere"
 
 
 class Oracle(NamedTuple):

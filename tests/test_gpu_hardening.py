@@ -44,13 +44,45 @@ def triton_backward(*args, **kw):
 
 N_PASSES = 1000   # backward passes compared bit for bit per determinism case
 DETERMINISTIC = registry.names(deterministic=True)
-TOL = 2.5e-2      # bf16 relative error (Frobenius) against a float32 computation
+# At 64k tokens plain bf16 math (the bar of tests/gpu_oracle.py) does not fit in memory, so the bar
+# there is fixed: the kernels round P and dS to bf16 before their products and the result once,
+# each a relative error of at most 2**-8 (3.9e-3); 1e-2 allows those three, where plain bf16 math
+# at 1k-2k tokens gives 3-6e-3 and these kernels measured 2.3-2.9e-3 (the rest of this file uses
+# plain math's error on the same problem as the bar).
+TOL_64K = 1e-2
+LSE_TOL = 1e-4    # lse is fp32 in the kernels and the reference: measured 3e-6 off at 64k
 
 
 def rel(a, b):
     a, b = a.float(), b.float()
     assert torch.isfinite(a).all(), "NaN/inf in kernel output"
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def assert_within_bars(errs, bars):
+    """Each error within twice plain math's error against the same float32 reference (`bars` by
+    name, a schedule prefix dropped: "split/dq/last_seq" takes the bar "dq/last_seq")."""
+    for name, err in errs.items():
+        bar = bars[name.split("/", 1)[1] if name.startswith(("split/", "descending/")) else name]
+        assert 0 < bar < float("inf"), f"{name}: plain math's error {bar} is no bar"
+        assert err <= 2 * bar, f"{name}: error {err:.2e} > 2 x plain math's {bar:.2e}"
+
+
+def dense_plain_math_errors(q, k, v, do, kw, o32, g32, batches):
+    """The error of plain PyTorch math in q's dtype (tests/math_attention.py, sequence by sequence on
+    the GPU) against the float32 reference over the batch entries `batches`: {"out", "dq", "dk",
+    "dv"} -> relative error."""
+    from tests.math_attention import math_attention
+    names = ("out", "dq", "dk", "dv")
+    squares, norms = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0.0)
+    for b in batches:
+        leaves = [t[b].detach().requires_grad_() for t in (q, k, v)]
+        out, _ = math_attention(*leaves, **kw)
+        grads = torch.autograd.grad(out, leaves, do[b])
+        for name, x, ref in zip(names, (out.detach(), *grads), (o32[b], *(g[b] for g in g32))):
+            squares[name] += (x.float() - ref.float()).pow(2).sum().item()
+            norms[name] += ref.float().pow(2).sum().item()
+    return {n: (squares[n] / norms[n]) ** 0.5 for n in names}
 
 
 def forward_backward(q, k, v, do, kw, schedule):
@@ -225,8 +257,8 @@ def test_seqlen_64k_matches_float32_reference_with_linear_memory(seqlen_64k, sch
            + ", ".join(f"{n} {e:.2e}" for n, e in errs.items()), test="seqlen64k", schedule=schedule,
            peak_bytes=peak, bound_bytes=bound, errors=errs)
     assert peak < bound, f"peak {peak} bytes >= {bound}: memory is not linear in seqlen"
-    assert errs["lse"] < 1e-2
-    assert all(e < TOL for n, e in errs.items() if n != "lse"), errs
+    assert errs["lse"] < LSE_TOL
+    assert all(e < TOL_64K for n, e in errs.items() if n != "lse"), errs
 
 
 def test_grids_beyond_2_pow_15_programs():
@@ -238,32 +270,36 @@ def test_grids_beyond_2_pow_15_programs():
     o32, lse32 = reference.attention_forward(q, k, v, **kw, block_q=1024)
     g32 = reference.attention_backward(do, q, k, v, o32, lse32, **kw, block_q=1024)
     errs = {"out": rel(out, o32)}
+    bars = dense_plain_math_errors(q, k, v, do, kw, o32, g32, range(b))
+    bars.update({f"{n}/last_seq": e for n, e in dense_plain_math_errors(q, k, v, do, kw, o32, g32, [b - 1]).items()})
     for schedule in ("split", "descending"):
         grads = triton_backward(do, q, k, v, out, lse, schedule=schedule, **kw)
         for n, x, y in zip(("dq", "dk", "dv"), grads, g32):
             errs[f"{schedule}/{n}"] = rel(x, y)
             # the last sequence's programs have the highest ids: a dropped program shows here first
             errs[f"{schedule}/{n}/last_seq"] = rel(x[-1], y[-1])
-    record(f"[large] {b}x{h}x{s}: " + ", ".join(f"{n} {e:.2e}" for n, e in errs.items()), test="grid_2pow15",
-           errors=errs)
-    assert all(e < TOL for e in errs.values()), errs
+    record(f"[large] {b}x{h}x{s}: " + ", ".join(f"{n} {e:.2e}" for n, e in errs.items())
+           + " | plain bf16 math " + ", ".join(f"{n} {e:.2e}" for n, e in bars.items()), test="grid_2pow15",
+           errors=errs, bars=bars)
+    assert_within_bars(errs, bars)
 
 
-def _tiny_varlen_reference(q, k, v, do, lens, scale):
-    """float32 causal attention and its gradients for sequences of length <= 2, all at once (autograd)."""
+def _tiny_varlen_reference(q, k, v, do, lens, scale, dtype=torch.float32):
+    """Causal attention and its gradients for sequences of length <= 2, all at once (autograd), in
+    `dtype`: float32 for the reference, q's dtype for plain math's error (the bar)."""
     starts = torch.tensor([0] + lens[:-1], device=q.device).cumsum(0)
     n = torch.tensor(lens, device=q.device)
     pos = torch.arange(2, device=q.device)
     valid = pos[None, :] < n[:, None]                                    # (N, 2)
     idx = (starts[:, None] + pos[None, :]).clamp(max=q.shape[0] - 1)     # padded row -> packed row
-    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
     qp, kp, vp = (t[idx] for t in leaves)                                # (N, 2, H, D)
     s = torch.einsum("nihd,njhd->nhij", qp, kp) * scale
     see = valid[:, None, None, :] & (pos[None, None, None, :] <= pos[None, None, :, None])
     p = torch.softmax(s.masked_fill(~see, float("-inf")), dim=-1).nan_to_num(0.0)
     op = torch.einsum("nhij,njhd->nihd", p, vp)
-    (op * do.float()[idx] * valid[:, :, None, None]).sum().backward()
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    torch.autograd.backward(op, do.to(dtype)[idx] * valid[:, :, None, None])
+    out = torch.zeros(q.shape, dtype=dtype, device=q.device)
     out[idx[valid]] = op[valid]
     return out, [t.grad for t in leaves]
 
@@ -277,6 +313,8 @@ def test_varlen_batch_beyond_65535_sequences():
     q, k, v, do, kw = varlen_inputs(lens, h, h, d, torch.bfloat16, "cuda", seed=5)
     kw.update(softmax_scale=d ** -0.5, causal=True)
     o32, (dq32, dk32, dv32) = _tiny_varlen_reference(q, k, v, do, lens, d ** -0.5)
+    o16, g16 = _tiny_varlen_reference(q, k, v, do, lens, d ** -0.5, dtype=q.dtype)
+    bars = {n: rel(x, y) for n, x, y in zip(("out", "dq", "dk", "dv"), (o16, *g16), (o32, dq32, dk32, dv32))}
     errs = {}
     try:
         out, lse = attn_fwd.attention_forward(q, k, v, **kw)
@@ -290,9 +328,10 @@ def test_varlen_batch_beyond_65535_sequences():
         record(f"[large] varlen {nseq} sequences: FAILED {type(exc).__name__}: {exc}", test="varlen_65535",
                error=repr(exc))
         pytest.fail(f"{nseq} sequences (more than 65535 on grid axis 2): {type(exc).__name__}: {exc}")
-    record(f"[large] varlen {nseq} sequences: " + ", ".join(f"{n} {e:.2e}" for n, e in errs.items()),
-           test="varlen_65535", errors=errs)
-    assert all(e < TOL for e in errs.values()), errs
+    record(f"[large] varlen {nseq} sequences: " + ", ".join(f"{n} {e:.2e}" for n, e in errs.items())
+           + " | plain bf16 math " + ", ".join(f"{n} {e:.2e}" for n, e in bars.items()), test="varlen_65535",
+           errors=errs, bars=bars)
+    assert_within_bars(errs, bars)
 
 
 @pytest.mark.parametrize("schedule", ["split", "descending"])

@@ -22,7 +22,7 @@ if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("",
 
 from dash_plugin import dispatch  # noqa: E402
 from dash_plugin.schedules import registry  # noqa: E402
-from tests.gpu_oracle import flat, oracle_of_call, rel  # noqa: E402
+from tests.gpu_oracle import assert_same_sums, assert_within_bar, oracle_of_call  # noqa: E402
 
 SCHEDULES = registry.names()
 DETERMINISTIC = registry.names(deterministic=True)
@@ -58,12 +58,6 @@ def make(shape, dtype, seed=0):
     return mk(b, sq, hq, d), mk(b, sk, hkv, d), mk(b, sk, hkv, d), mk(b, sq, hq, d)
 
 
-def assert_within_bar(name, got, want, bar):
-    assert 0 < bar < float("inf"), f"{name}: plain math's error {bar} is no bar"
-    err = rel(flat(got) if got.dim() == 4 else got, want)
-    assert err <= 2 * bar, f"{name}: rel err {err:.2e} > 2 x plain math's {bar:.2e}"
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("feature", list(FEATURES) + ["varlen"])
 def test_every_feature_every_schedule_matches_float64_oracle(feature, dtype):
@@ -90,7 +84,7 @@ def test_every_feature_every_schedule_matches_float64_oracle(feature, dtype):
     packed_lse = lse.transpose(0, 1).flatten(1) if lse.dim() == 3 else lse   # dense (B, H, S) as (H, B * S)
     fin = torch.isfinite(want.lse)
     assert torch.equal(torch.isinf(packed_lse.cpu()), ~fin)
-    assert (packed_lse.cpu().double()[fin] - want.lse[fin]).abs().max() < 1e-2
+    assert (packed_lse.cpu().double()[fin] - want.lse[fin]).abs().max() < 1e-4   # fp32 lse: ~1e-6 off
     for schedule in SCHEDULES:
         grads = triton_backward(do, q, k, v, out, lse, schedule=schedule, deterministic=schedule != "atomic", **kw)
         for name, got, ref, bar in zip(("dq", "dk", "dv"), grads, want.grads, want.grad_bars):
@@ -170,7 +164,7 @@ def test_arrival_over_several_groups_repeats_and_agrees_with_ascending():
         assert all(torch.equal(a, b) for a, b in zip(first, again)), f"pass {i}"
     base = triton_backward(do, q, k, v, out, lse, schedule="ascending", **kw)
     for name, a, b in zip(("dq", "dk", "dv"), first, base):
-        assert rel(a, b.double().cpu()) < 1e-2, name
+        assert_same_sums(f"{name} against ascending", a, b)
 
 
 def test_schedules_agree_with_each_other():
@@ -182,7 +176,7 @@ def test_schedules_agree_with_each_other():
         for s in DETERMINISTIC:
             other = triton_backward(do, q, k, v, out, lse, schedule=s, **kw)
             for a, b in zip(base, other):
-                assert rel(b, a.double().cpu()) < 1e-2
+                assert_same_sums(f"{s} against ascending", b, a)
 
 
 @pytest.mark.parametrize("case", ["causal", "window", "hdim32", "softcap", "dropout", "varlen"])
