@@ -66,10 +66,19 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
 
     resolved = config.resolve_config(schedule=schedule, deterministic=deterministic, backend=backend,
                                      model_config=model_config)
-    runs_on, concrete, passed_over = dispatch.resolve(
-        resolved.backend, resolved.schedule, q, k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k, causal=causal, window_left=left, window_right=right, softcap=softcap,
-        dropout_p=dropout_p)
+    try:
+        runs_on, concrete, passed_over = dispatch.resolve(
+            resolved.backend, resolved.schedule, q, k, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k, causal=causal, window_left=left, window_right=right, softcap=softcap,
+            dropout_p=dropout_p)
+    except ValueError as exc:   # a backend or schedule the caller did not pass: say where it came from
+        set_by = [f"{field}={value!r} from {source}" for field, value, source in
+                  (("backend", resolved.backend, resolved.backend_source),
+                   ("schedule", resolved.schedule, resolved.schedule_source))
+                  if source not in ("call argument", "default")]
+        if not set_by:
+            raise
+        raise ValueError(f"{exc} ({'; '.join(set_by)})") from None
     chosen = runs_on.name
     # (function, arguments) run only if last_resolved() is asked: one flat tuple on the call's path
     plan = None if torch.compiler.is_compiling() else (

@@ -97,7 +97,7 @@ def _check_cu_seqlens_layout(name, cu, batch=None):
 def check_dense_lengths(q, k, max_seqlen_q, max_seqlen_k):
     """(max_seqlen_q, max_seqlen_k) of a dense call: its lengths; given ones must equal them."""
     for name, given, actual in (("max_seqlen_q", max_seqlen_q, q.shape[1]), ("max_seqlen_k", max_seqlen_k, k.shape[1])):
-        if given is not None and given != actual:
+        if given is not None and check_int(name, given, 0) != actual:
             raise ValueError(f"{name}={given!r} is for packed (varlen) calls; this dense call's length is {actual} "
                              f"(leave it out, or pass {actual})")
     return q.shape[1], k.shape[1]
@@ -164,15 +164,31 @@ def _finite(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# The scores are computed in float32 (also for half inputs), as s * scale and, with a softcap,
+# s * (scale / softcap): a scale or softcap outside these bounds, or a ratio above the upper one,
+# becomes 0 or inf there, and a score times inf or over 0 is NaN (a zero score gives 0 * inf).
+SCALAR_RANGE = (2.0 ** -126, 2.0 ** 126)
+_RANGE_TEXT = "2**-126..2**126 (the scores are float32)"
+
+
 def check_scalars(softcap, dropout_p, softmax_scale):
     if not _finite(softcap) or softcap < 0:
         raise ValueError(f"softcap={softcap!r} must be a finite number >= 0 (0 disables it)")
+    if softcap and not SCALAR_RANGE[0] <= softcap <= SCALAR_RANGE[1]:
+        raise ValueError(f"softcap={softcap!r} must be 0 (off) or in {_RANGE_TEXT}")
     if not _finite(dropout_p):   # not a real number: dropout_threshold would fail on the compare
         raise ValueError(f"dropout_p={dropout_p!r} must be in [0, 1)")
     dropout_threshold(dropout_p)   # the range and the mask's 2**-8 steps: refused here, not in a kernel launch
-    if softmax_scale is not None and (not _finite(softmax_scale) or softmax_scale <= 0):
+    if softmax_scale is None:
+        return
+    if not _finite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale={softmax_scale!r} must be a finite number > 0 "
                          "(or None for 1/sqrt(head_dim))")
+    if not SCALAR_RANGE[0] <= softmax_scale <= SCALAR_RANGE[1]:
+        raise ValueError(f"softmax_scale={softmax_scale!r} must be in {_RANGE_TEXT}, or None for 1/sqrt(head_dim)")
+    if softcap and softmax_scale / softcap > SCALAR_RANGE[1]:   # None gives a ratio <= 1 / softcap: in range
+        raise ValueError(f"softmax_scale / softcap = {softmax_scale!r} / {softcap!r} must be at most 2**126 "
+                         "(the scores are float32)")
 
 
 def check_op_args(name, q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, causal, window_left, window_right,

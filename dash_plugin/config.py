@@ -168,7 +168,7 @@ def dash_config(*, schedule=None, deterministic=None, backend=None):
 def _model_entry(model_config):
     if model_config is None:
         return {}
-    if isinstance(model_config, (str, bytes, int, float, bool)):   # a config object or a dict is meant
+    if isinstance(model_config, (str, bytes, int, float, bool, list, tuple, set)):   # a config object or a dict is meant
         raise ValueError(f"model_config={model_config!r} must be a model config (an object or a dict with an "
                          "optional 'dash_attention' entry), or None")
     entry = model_config.get("dash_attention") if isinstance(model_config, dict) else getattr(model_config, "dash_attention", None)
@@ -191,7 +191,8 @@ def _candidates(field, kwarg, model_config):
     yield _process_defaults[field], "configure()"
     yield _model_entry(model_config).get(field), "model config dash_attention"
     if field != "deterministic":
-        yield os.environ.get(_ENV[field]) or None, f"env {_ENV[field]}"
+        # stripped as env_flag strips the yes/no variables: a shell's stray space is no error
+        yield os.environ.get(_ENV[field], "").strip() or None, f"env {_ENV[field]}"
         return
     yield env_flag("DASH_DETERMINISTIC"), "env DASH_DETERMINISTIC"
     # These two only turn determinism on: their "off" is their own library's default.

@@ -109,8 +109,8 @@ def _backward(ctx, dout, dlse):
         return (None,) * (5 + len(ctx.args))
     q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     # The forward checked these arguments, and autograd gives dout out's shape, dtype and device.
-    # With create_graph=True the op stays: it refuses a second derivative, the plain body would
-    # not.
+    # With create_graph=True the op stays: it refuses a second derivative (_no_second_derivative),
+    # the plain body would not.
     plain = not torch.is_grad_enabled() and _plain_eager(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
     bwd = _backward_of if plain else torch.ops.dash.bwd
     dq, dk, dv = bwd(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.args)
@@ -118,6 +118,18 @@ def _backward(ctx, dout, dlse):
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _no_second_derivative(ctx, *grads):
+    raise RuntimeError(
+        "dash attention has no second derivative: torch.autograd.grad(..., create_graph=True) gives first-order "
+        "gradients, but a backward through them (a gradient penalty, double backward, Hessian-vector products) is "
+        "not supported. Run that part with attn_implementation='sdpa' or 'eager' (or torch SDPA directly).")
+
+
+# Without it, a backward through the gradients fails in torch with "no autograd formula was
+# registered", which names neither the cause nor a way out.
+attn_bwd.register_autograd(_no_second_derivative, setup_context=lambda ctx, inputs, output: None)
 
 
 def _plain_eager(*tensors) -> bool:

@@ -81,6 +81,13 @@ BAD = [
     (dict(softmax_scale=float("nan")), ValueError, r"softmax_scale=nan must be a finite number > 0"),
     (dict(softmax_scale=float("inf")), ValueError, r"softmax_scale=inf must be a finite number > 0"),
     (dict(softcap="1"), ValueError, r"softcap='1' must be a finite number >= 0"),
+    (dict(softcap=1e39), ValueError, r"softcap=1e\+39 must be 0 \(off\) or in 2\*\*-126..2\*\*126 \(the scores are float32\)"),
+    (dict(softcap=1e-50), ValueError, r"softcap=1e-50 must be 0 \(off\) or in 2\*\*-126"),
+    (dict(softmax_scale=1e39), ValueError, r"softmax_scale=1e\+39 must be in 2\*\*-126..2\*\*126 \(the scores are "
+                                           r"float32\), or None for 1/sqrt\(head_dim\)"),
+    (dict(softmax_scale=1e-39), ValueError, r"softmax_scale=1e-39 must be in 2\*\*-126"),
+    (dict(softmax_scale=2.0 ** 100, softcap=2.0 ** -100), ValueError,
+     r"softmax_scale / softcap = 1.2676506002282294e\+30 / 7.888609052210118e-31 must be at most 2\*\*126"),
     (dict(window=(2 ** 63, -1)), ValueError, r"window=\(9223372036854775808, -1\): each side must be an int in -1..2\*\*63-1"),
     (dict(window=(4, True)), ValueError, r"window=\(4, True\) must be a pair of ints"),
     (dict(dropout_p=0.1, dropout_seed=2 ** 63), ValueError, r"dropout_seed=9223372036854775808 must be an int in 0..2\*\*63-1"),
@@ -94,6 +101,9 @@ BAD = [
     (dict(return_lse="no"), ValueError, r"return_lse='no' must be True or False"),
     (dict(max_seqlen_q=3), ValueError, r"max_seqlen_q=3 is for packed \(varlen\) calls; this dense call's length is 8"),
     (dict(model_config="bogus"), ValueError, r"model_config='bogus' must be a model config"),
+    (dict(model_config=["x"]), ValueError, r"model_config=\['x'\] must be a model config"),
+    (dict(max_seqlen_q="8"), ValueError, r"max_seqlen_q='8' must be an int in 0..2\*\*63-1"),
+    (dict(max_seqlen_k=8.0), ValueError, r"max_seqlen_k=8.0 must be an int in 0..2\*\*63-1"),
 ]
 
 
@@ -114,6 +124,22 @@ def test_bad_input_errors_name_argument_value_and_allowed(kwargs, exc, match):
     args.update(kwargs)
     with pytest.raises(exc, match=match):
         dash_plugin.flash_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+@pytest.mark.parametrize("kwargs", [dict(softcap=2.0 ** -126), dict(softcap=2.0 ** 126), dict(softmax_scale=2.0 ** -126),
+                                    dict(softmax_scale=2.0 ** 100, softcap=2.0 ** -26)], ids=str)
+def test_scalars_at_the_edges_of_their_range_compute_float32_right(kwargs):
+    """Out of range they became 0 or inf in float32 and every score NaN (refused above); at the
+    edges the float32 call is finite and gives the float64 call's result."""
+    q, k, v = (t.requires_grad_() for t in qkv(sq=8, sk=8))
+    out = dash_plugin.flash_attention(q, k, v, causal=True, **kwargs)
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    wide = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = dash_plugin.flash_attention(*wide, causal=True, **kwargs)
+    want_grads = torch.autograd.grad(want, wide, torch.ones_like(want))
+    for got, ref in zip((out, *grads), (want, *want_grads)):
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got.double(), ref, rtol=1e-4, atol=1e-5)
 
 
 def test_meta_and_nested_tensors_are_refused_clearly():

@@ -12,7 +12,7 @@ from dash_plugin.config import resolve_config
 
 @pytest.fixture(autouse=True)
 def clean(monkeypatch):
-    for name in ("DASH_SCHEDULE", "DASH_DETERMINISTIC", "FLASH_ATTENTION_DETERMINISTIC"):
+    for name in ("DASH_SCHEDULE", "DASH_BACKEND", "DASH_DETERMINISTIC", "FLASH_ATTENTION_DETERMINISTIC"):
         monkeypatch.delenv(name, raising=False)
     dash_plugin.reset_config()
     flag = torch.are_deterministic_algorithms_enabled()
@@ -110,6 +110,27 @@ def test_bad_env_value_names_its_source(monkeypatch):
     monkeypatch.setenv("DASH_SCHEDULE", "quick")
     with pytest.raises(ValueError, match="env DASH_SCHEDULE"):
         resolve_config()
+
+
+def test_env_values_are_stripped_like_the_yes_no_ones(monkeypatch):
+    monkeypatch.setenv("DASH_SCHEDULE", " shift\n")
+    monkeypatch.setenv("DASH_BACKEND", " reference ")
+    monkeypatch.setenv("DASH_DETERMINISTIC", " ON ")
+    c = resolve_config()
+    assert (c.schedule, c.backend, c.deterministic) == ("shift", "reference", True)
+    monkeypatch.setenv("DASH_SCHEDULE", "   ")   # blank: unset
+    assert resolve_config().schedule_source == "default"
+
+
+def test_a_backend_that_cannot_run_the_call_names_the_source_that_chose_it(monkeypatch):
+    q = k = v = torch.randn(1, 8, 2, 16)   # CPU: the Triton backend needs CUDA or its interpreter
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("DASH_BACKEND", "triton")
+    with pytest.raises(ValueError, match=r"backend='triton' cannot run this call: .*\(backend='triton' from env "
+                                         r"DASH_BACKEND\)$"):
+        dash_plugin.flash_attention(q, k, v)
+    with pytest.raises(ValueError, match=r"backend='triton' cannot run this call: [^(]*CPU[^(]*$"):
+        dash_plugin.flash_attention(q, k, v, backend="triton")   # the caller's own argument: nothing to add
 
 
 def test_bad_model_entry():

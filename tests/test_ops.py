@@ -143,6 +143,17 @@ def test_gradcheck_float64():
                                     (q, k, v), eps=1e-6, atol=1e-5)
 
 
+def test_first_order_grads_with_create_graph_and_a_clear_refusal_of_the_second():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 6, 2, 32, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    plain = torch.autograd.grad(dash_plugin.flash_attention(q, k, v, causal=True).sum(), (q, k, v))
+    graphed = torch.autograd.grad(dash_plugin.flash_attention(q, k, v, causal=True).sum(), (q, k, v),
+                                  create_graph=True)
+    assert all(torch.equal(a, b.detach()) for a, b in zip(plain, graphed))
+    with pytest.raises(RuntimeError, match=r"dash attention has no second derivative.*attn_implementation='sdpa'"):
+        sum(x.pow(2).sum() for x in graphed).backward()   # a gradient penalty
+
+
 def test_compiled_training_step_matches_eager():
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 3 * 64)
