@@ -27,7 +27,9 @@ def write_run(path, steps, *, change=None, final_change=False):
     final_change=True gives other final weights."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "meta.json").write_text(json.dumps({"args": {"seed": 0, "out": str(path)}, "param_names": NAMES}))
+    # args.steps as the training script records it: compare checks that the log ends there.
+    (path / "meta.json").write_text(json.dumps({"args": {"seed": 0, "steps": steps, "out": str(path)},
+                                                "param_names": NAMES}))
     with open(path / "steps.jsonl", "w") as fh:
         for s in range(1, steps + 1):
             rec = {"step": s, "loss": exact(5.0 - s / 10), "grad_norm": exact(1.5), "lr": exact(1e-3),

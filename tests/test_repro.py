@@ -113,8 +113,9 @@ def test_compare_lengths_and_final_weights(tmp_path):
 
 
 def test_compare_bad_directory(tmp_path):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     with pytest.raises(ValueError, match="no steps.jsonl"):
-        compare_runs(tmp_path, tmp_path)
+        compare_runs(tmp_path / "a", tmp_path / "b")
 
 
 def test_cli_compare_exit_codes(tmp_path, capsys):

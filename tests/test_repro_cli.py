@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 from dash_plugin.repro.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -168,3 +170,26 @@ def test_a_launcher_that_is_not_a_program_is_named_before_any_run(tmp_path, caps
     err = capsys.readouterr().err
     assert rc == 2 and "--launch 'no-such-launcher --x': no-such-launcher is not a program on PATH" in err, err
     assert not (tmp_path / "runs" / "run1").exists()
+
+
+def test_a_bad_training_option_is_dash_repro_runs_own_error(tmp_path, capsys):
+    # Checked before any run starts (no run directory is made), and reported as `dash-repro run`'s error,
+    # without a usage line of an inner parser.
+    assert main(["run", "--out", str(tmp_path / "runs"), "--size", "tiny", "--steps", "abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "dash-repro run: error: argument --steps: invalid int value: 'abc'", err
+    assert main(["run", "--out", str(tmp_path / "runs"), "--attn", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert "dash-repro run: error: argument --attn: invalid choice: 'bogus' (choose from 'dash', 'sdpa', 'eager')" \
+        in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_demo_refuses_an_unknown_attention_before_training(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--steps", "2", "--attn", "bogus", "--out", str(tmp_path / "demo")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "dash-repro demo: error: argument --attn: invalid choice: 'bogus' (choose from 'dash', 'sdpa', 'eager')" \
+        in err, err
+    assert not (tmp_path / "demo").exists()

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import dash_plugin  # noqa: F401  (registers attn_implementation="dash")
-from dash_plugin.repro.compare import compare_runs
+from dash_plugin.repro.compare import compare_runs, load_run
 from dash_plugin.repro.fingerprint import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def test_stop_at_says_where_the_checkpoint_is_and_the_run_is_not_finished(tmp_pa
             in capsys.readouterr().out)
     assert not (out / "final.json").exists() and not (out / "model.safetensors").exists()
     with pytest.raises(ValueError, match="final.json is missing: the run did not finish .*--resume-from"):
-        compare_runs(out, out)
+        load_run(out)
 
 
 def test_resume_from_a_damaged_checkpoint_names_the_file(tmp_path):

@@ -1,6 +1,7 @@
 """A real client: the Hugging Face Trainer with attn_implementation="dash" and full determinism gives two
 runs with identical loss logs, gradients and weights (CPU, tiny model, a few steps)."""
 
+import json
 import os
 
 import pytest
@@ -30,14 +31,15 @@ def restore_process_state():
             os.environ[k] = v
 
 
-def trainer_run(out, data, *, gpu=False, steps=4, seq_len=64, hidden=64, heads=2, kv_heads=1, layers=2):
+def trainer_run(out, data, *, gpu=False, steps=4, seq_len=64, hidden=64, heads=2, kv_heads=1, layers=2,
+                logging_steps=1):
     """One Trainer run with fingerprints in OUT. On the CPU in fp32; with gpu=True on CUDA with bf16 mixed
     precision, where the dash attention runs its Triton kernels."""
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
     args = TrainingArguments(output_dir=str(out / "hf"), max_steps=steps, per_device_train_batch_size=4,
-                             learning_rate=3e-3, warmup_steps=1, logging_steps=1, seed=7, full_determinism=True,
-                             use_cpu=not gpu, bf16=gpu, save_strategy="no", report_to=[],
+                             learning_rate=3e-3, warmup_steps=1, logging_steps=logging_steps, seed=7,
+                             full_determinism=True, use_cpu=not gpu, bf16=gpu, save_strategy="no", report_to=[],
                              dataloader_num_workers=0, disable_tqdm=True)
     config = LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -74,6 +76,27 @@ def test_trainer_two_runs_identical(tmp_path, monkeypatch):
     assert [from_exact(s["loss"]) for s in steps] == losses_a
     assert len(set(losses_a)) == 4 and steps[0]["params"] != steps[-1]["params"]  # it trained
     assert all(s["grads"] for s in steps)
+    assert json.loads((tmp_path / "a" / "final.json").read_text())["last_step"] == 4  # where the log must end
+
+
+def test_trainer_runs_with_other_logging_steps(tmp_path, capsys):
+    """logging_steps=2 logs the mean loss of two steps at every second step (null between): compare and plot
+    use the losses both runs logged over the same steps, and nothing else counts as a difference."""
+    from dash_plugin.repro.cli import main
+
+    data = stdlib_corpus(64 * 200)
+    runs = {name: tmp_path / name for name in ("a", "b", "c")}
+    for name, logging_steps in (("a", 2), ("b", 2), ("c", 1)):
+        trainer_run(runs[name], data, logging_steps=logging_steps)
+    assert main(["compare", str(runs["a"]), str(runs["b"])]) == 0
+    assert "IDENTICAL: 2 runs, 4 steps, losses (at 2 of 4 steps)/grads/weights" in capsys.readouterr().out
+    assert main(["plot", str(runs["a"]), str(runs["b"]), "-o", str(tmp_path / "ab.png")]) == 0
+    assert main(["compare", str(runs["a"]), str(runs["c"])]) == 0
+    out = capsys.readouterr().out
+    assert "note: loss not compared at 4 of 4 steps (recorded by one run only, or logged over other steps)" in out
+    assert out.strip().endswith("IDENTICAL: 2 runs, 4 steps, grads/weights bit-identical"), out
+    assert main(["plot", str(runs["a"]), str(runs["c"]), "-o", str(tmp_path / "ac.png")]) == 2
+    assert "no step of" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

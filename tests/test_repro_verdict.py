@@ -101,6 +101,16 @@ def test_runs_without_weight_files_say_digests_only(tmp_path, capsys):
     assert "compared by their recorded digests only" in cmp.report()
 
 
+def test_a_weight_file_that_final_json_does_not_name_is_not_read(pair, capsys):
+    # "weights_file": null beside a model.safetensors: the note says what was compared, and that the file
+    # was not read (not that the run saved none).
+    edit_json(pair[0] / "final.json", lambda final: final.update(weights_file=None, weights_sha256=None))
+    rc, out, _ = compare_cli(capsys, *pair)
+    assert rc == 0 and "a run saved no weight file" not in out, out
+    assert (f"note: run A's {pair[0] / 'final.json'} names no weight file (\"weights_file\": null): the final "
+            f"weights are compared by their recorded digests only; the model.safetensors in it is not read") in out
+
+
 # --- missing or incomplete runs, nothing to compare --------------------------------------------------------
 
 def test_run_without_final_json_is_refused(pair, capsys):
@@ -119,6 +129,8 @@ def test_runs_with_zero_steps_are_refused(tmp_path, capsys):
 def test_run_marked_incomplete_is_refused(pair, capsys):
     (pair[1] / "INCOMPLETE").write_text("stopped by SIGTERM\n")
     refused(capsys, *pair, f"{pair[1]} is an incomplete run", "stopped by SIGTERM")
+    (pair[0] / "INCOMPLETE").mkdir()  # a marker, whatever it is
+    refused(capsys, *pair, f"{pair[0]} is an incomplete run ({pair[0] / 'INCOMPLETE'}: no reason given)")
 
 
 def test_missing_meta_json_is_refused(pair, capsys):
@@ -134,12 +146,24 @@ def _rewrite_line(path, lineno, text):
     path.write_text("".join(lines))
 
 
+def _edit_steps(run, edit):
+    """Rewrite a run's steps.jsonl after edit(records) has changed the list of records in place."""
+    records = [json.loads(x) for x in (run / "steps.jsonl").read_text().splitlines()]
+    edit(records)
+    (run / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
+
+
 @pytest.mark.parametrize("line, message", [
     ('{"loss": "0x1.0p+0"}', "line 2: a step record needs an integer 'step' (has None)"),
     ('{"step": "2"}', "line 2: a step record needs an integer 'step' (has '2')"),
     ('[1, 2]', "line 2: a step record must be a JSON object, not list"),
     ('{"step": 2, "params": []}', "line 2: 'params' must be an object of tensor name -> digest (has list)"),
     ('{"step": 2, "loss": 1.5}', "line 2: 'loss' must be a hex float string or null (has 1.5)"),
+    ('{"step": 2, "loss": "garbage"}', "line 2: 'loss' must be a hex float string or null (has 'garbage')"),
+    ('{"step": 2, "lr": "0x1.0000p+0"}',
+     "line 2: 'lr' is '0x1.0000p+0', not float.hex's spelling of that value ('0x1.0000000000000p+0')"),
+    ('{"step": 2, "grad_norm": "-nan"}', "line 2: 'grad_norm' is '-nan', not float.hex's spelling"),
+    ('{"step": 2, "grads": {"w": 1}}', "line 2: 'grads' must map tensor names to digest strings ('w' has 1)"),
     ('{"step": 2, "loss": ', "line 2: not valid JSON (column 20: Expecting value)"),
     ('{"step": 1}', "steps.jsonl: step 1 follows step 1; every step must follow the one before it"),
     ('{"step": 2}', "steps.jsonl: step 2 holds nothing to compare"),
@@ -169,12 +193,100 @@ def test_the_verdict_names_only_what_both_runs_recorded(pair, capsys):
     # FingerprintCallback writes loss null on the steps the Trainer does not log: those steps compare
     # their digests, and the verdict says at how many steps the losses were compared.
     for run in pair:
-        lines = [json.loads(x) for x in (run / "steps.jsonl").read_text().splitlines()]
-        lines[1].update(loss=None, grad_norm=None, lr=None)
-        (run / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        _edit_steps(run, lambda records: records[1].update(loss=None, grad_norm=None, lr=None))
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 0 and out.strip().endswith(
         "IDENTICAL: 2 runs, 3 steps, losses (at 2 of 3 steps)/grads/weights bit-identical"), out
+
+
+def test_a_field_only_one_run_recorded_is_not_a_difference(pair, capsys):
+    # Run A logged no loss at step 2 (a Trainer with logging_steps=2 against one with 1): nothing to compare
+    # there, and its loss at step 3 covers steps 2-3 where run B's covers step 3 only: not compared either.
+    _edit_steps(pair[0], lambda records: records[1].update(loss=None, grad_norm=None, lr=None))
+    rc, out, _ = compare_cli(capsys, *pair)
+    assert rc == 0, out
+    assert "note: loss not compared at 2 of 3 steps (recorded by one run only, or logged over other steps)" in out
+    assert "note: grad_norm not compared at 1 of 3 steps (recorded by one run only)" in out
+    assert out.strip().endswith("IDENTICAL: 2 runs, 3 steps, losses (at 1 of 3 steps)/grads/weights bit-identical")
+
+    # Run B recorded no gradient digests at all: the gradients were not compared, and the verdict says so.
+    _edit_steps(pair[1], lambda records: [r.pop("grads") for r in records])
+    rc, out, _ = compare_cli(capsys, *pair)
+    assert rc == 0 and "note: grads not compared at 3 of 3 steps (recorded by one run only)" in out, out
+    assert out.strip().endswith("IDENTICAL: 2 runs, 3 steps, losses (at 1 of 3 steps)/weights bit-identical")
+
+
+def test_a_loss_logged_over_other_steps_is_not_compared(pair, capsys):
+    # Run A logs every 2 steps: its loss at step 2 is the mean of steps 1-2, run B's the loss of step 2.
+    def every_second(records):
+        for r in records[0], records[2]:
+            r.update(loss=None, grad_norm=None, lr=None)
+        records[1]["loss"] = "0x1.3000000000000p+2"
+    _edit_steps(pair[0], every_second)
+    rc, out, _ = compare_cli(capsys, *pair)
+    assert rc == 0 and "note: loss not compared at 3 of 3 steps" in out, out
+    assert out.strip().endswith("IDENTICAL: 2 runs, 3 steps, grads/weights bit-identical")
+    _edit_steps(pair[1], every_second)  # both log every 2 steps: the losses are compared again
+    rc, out, _ = compare_cli(capsys, *pair)
+    assert rc == 0 and out.strip().endswith("losses (at 1 of 3 steps)/grads/weights bit-identical"), out
+
+
+def test_exact_values_in_both_runs_are_checked(pair, capsys):
+    # The same malformed value in both runs must not compare equal.
+    for run in pair:
+        _edit_steps(run, lambda records: records[1].update(loss="garbage"))
+    refused(capsys, *pair, f"{pair[0] / 'steps.jsonl'} line 2: 'loss' must be a hex float string or null")
+
+
+def test_inf_and_nan_as_the_writer_spells_them_are_accepted(pair, capsys):
+    for run in pair:
+        _edit_steps(run, lambda records: records[1].update(loss="nan", grad_norm="inf", lr="-inf"))
+    rc, out, _ = compare_cli(capsys, *pair)
+    assert rc == 0, out
+    assert "note: loss is NaN in both runs at 1 of 3 steps (first: step 2): float.hex records no sign" in out
+
+
+def test_a_record_lost_at_the_end_is_refused(pair, capsys):
+    # No gap shows it: the run's meta.json says how many steps the run took (args.steps).
+    def drop_last(records):
+        records.pop()
+    _edit_steps(pair[0], drop_last)
+    message = (f"{pair[0] / 'steps.jsonl'} ends at step 2, but the run ended at step 3 "
+               f"({pair[0] / 'meta.json'} records args.steps = 3): the records after it are lost")
+    refused(capsys, *pair, message)
+    _edit_steps(pair[1], drop_last)  # both lost it: still no verdict over fewer steps
+    refused(capsys, *pair, message)
+
+
+def test_a_record_lost_at_the_end_of_a_trainer_run_is_refused(pair, capsys):
+    # FingerprintCallback records the step the Trainer ended at in final.json (max_steps may be -1).
+    for run in pair:
+        edit_json(run / "meta.json", lambda meta: meta["args"].pop("steps"))
+        edit_json(run / "final.json", lambda final: final.update(last_step=3))
+    assert compare_cli(capsys, *pair)[0] == 0
+    _edit_steps(pair[1], lambda records: records.pop())
+    refused(capsys, *pair, f"{pair[1] / 'steps.jsonl'} ends at step 2, but the run ended at step 3 "
+                           f"({pair[1] / 'final.json'} records 'last_step': 3)")
+
+
+def test_runs_of_other_lengths_differ(tmp_path, capsys):
+    # Runs that really took other numbers of steps (--steps 3 and 5) are different runs: exit 1, with a note.
+    rc, out, _ = compare_cli(capsys, write_run(tmp_path / "a", 3), write_run(tmp_path / "b", 5))
+    assert rc == 1 and "note: argument steps differs: 3 vs 5" in out, out
+    assert "DIFFERENT: run A has 3 steps, run B 5; the first 3 are bit-identical" in out
+
+
+def test_the_same_run_twice_is_refused(pair, capsys):
+    a = pair[0]
+    (a.parent / "link").symlink_to(a)
+    for other in (a, a.parent / ".." / a.parent.name / "a", f"{a}/", a.parent / "link"):
+        refused(capsys, a, other, f"{a} and {other} are the same run directory")
+
+
+def test_logs_that_start_at_other_steps_name_the_file_and_line(pair, capsys):
+    _edit_steps(pair[0], lambda records: records.pop(0))  # run A lost its first record
+    refused(capsys, *pair, f"{pair[0] / 'steps.jsonl'} line 1: the log starts at step 2, expected step 1, "
+                           f"where {pair[1] / 'steps.jsonl'} starts")
 
 
 def test_meta_json_that_is_a_list_is_refused(pair, capsys):
@@ -202,6 +314,27 @@ def test_plot_of_a_missing_run_names_it(tmp_path, capsys):
     assert main(["plot", str(a), str(tmp_path / "nope"), "-o", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'nope'} is not a run directory: no such directory" in err and "Errno" not in err
+
+
+def test_plot_skips_steps_without_a_loss(pair, capsys, tmp_path):
+    # A Trainer with logging_steps=2 writes loss null on the other steps.
+    for run in pair:
+        _edit_steps(run, lambda records: records[0].update(loss=None))
+    assert main(["plot", str(pair[0]), str(pair[1]), "-o", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    _edit_steps(pair[1], lambda records: [r.update(loss=None) for r in records])  # no loss in both
+    assert main(["plot", str(pair[0]), str(pair[1]), "-o", str(tmp_path / "q.png")]) == 2
+    err = capsys.readouterr().err
+    assert f"nothing to plot: no step of {pair[0]} and {pair[1]} has a loss logged by both runs" in err, err
+    assert "Traceback" not in err and not (tmp_path / "q.png").exists()
+
+
+def test_plot_prints_the_file_it_writes(pair, capsys, tmp_path):
+    assert main(["plot", str(pair[0]), str(pair[1]), "-o", str(tmp_path / "noext")]) == 0
+    assert capsys.readouterr().out.strip() == f"plot: {tmp_path / 'noext.png'}"
+    assert (tmp_path / "noext.png").read_bytes()[:4] == b"\x89PNG" and not (tmp_path / "noext").exists()
+    assert main(["plot", str(pair[0]), str(pair[1]), "-o", str(tmp_path)]) == 2
+    assert f"{tmp_path} is a directory: pass the file to write, e.g. {tmp_path / 'loss.png'}" in capsys.readouterr().err
 
 
 def test_plot_draws_an_unfinished_run(tmp_path):

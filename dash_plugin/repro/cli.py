@@ -109,12 +109,23 @@ def find_script(explicit: str | None = None) -> Path:
                     f"(looked for {', '.join(map(str, candidates))})")
 
 
+# The attention implementations the training script documents (its --attn). transformers knows a value only
+# once the model is built, minutes into a run: dash-repro checks it before any run starts.
+ATTN_CHOICES = ("dash", "sdpa", "eager")
+
+
 def _steps_in(train_args: list[str]) -> int:
-    """The --steps the training script will run (its default is 30)."""
-    p = argparse.ArgumentParser(add_help=False)
+    """The --steps the training script will run (its default is 30), after checking the training options
+    dash-repro reads (--steps, --stop-at, --attn): a bad one is a RunFailed before any run starts, reported as
+    dash-repro run's own error (this parser has no usage line of its own to show)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--stop-at", type=int, default=None)
-    known, _ = p.parse_known_args(train_args)
+    p.add_argument("--attn", choices=ATTN_CHOICES, default=None)
+    try:
+        known, _ = p.parse_known_args(train_args)
+    except argparse.ArgumentError as e:
+        raise RunFailed(str(e)) from None
     return known.stop_at or known.steps
 
 
@@ -293,8 +304,8 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
         raise RunFailed("do not pass --out to the training: dash-repro chooses one directory per run")
     if devices is not None and len(devices) != len(out_dirs):
         raise RunFailed(f"devices={devices} gives {len(devices)} devices for {len(out_dirs)} runs")
+    total = _steps_in(train_args)  # first: a bad option must not cost an earlier run's results (--force)
     claim_run_dirs(out_dirs, replace)
-    total = _steps_in(train_args)
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")  # the same string hashing in every run
     pending = list(enumerate(out_dirs))
@@ -500,7 +511,7 @@ def build_parser(run_epilog_text: str | None = None) -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="one command: identical runs on the CPU; on a GPU also the atomic schedule")
     d.add_argument("--out", default="dash-repro-demo")
     d.add_argument("--steps", type=int, default=30)
-    d.add_argument("--attn", default="dash")
+    d.add_argument("--attn", default="dash", choices=ATTN_CHOICES)
     d.add_argument("--cpu", action="store_true", help="stay on the CPU even with a GPU")
     d.add_argument("--script", default=None)
     return p

@@ -7,19 +7,22 @@ written last). Timing fields (tokens/s, MFU) are never compared.
 
 The verdict must never claim more than was checked, so a run is refused (RunFileError, exit 2 in the CLI)
 when any of these is missing, unreadable or malformed, when it is marked INCOMPLETE, when its weight file
-does not match its final.json, or when there is no step to compare. The weight files themselves are read:
-their sha256 and a digest of every tensor in them are compared, not only what final.json says.
+does not match its final.json, when its log does not end at the step the run ended at, or when there is no
+step to compare; and the same directory given twice is refused. The weight files themselves are read:
+their sha256 and a digest of every tensor in them are compared, not only what final.json says. At each step
+only what both runs recorded is compared; the notes say what was not.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dash_plugin.repro.fingerprint import (FINAL_FILE, WEIGHTS_FILE, RunFileError, file_sha256, from_exact,
+from dash_plugin.repro.fingerprint import (FINAL_FILE, WEIGHTS_FILE, RunFileError, exact, file_sha256, from_exact,
                                            layer_of, read_json, read_jsonl, tensor_digest)
 
-EXACT_FIELDS = ("loss", "grad_norm", "lr")  # exact hex floats
+EXACT_FIELDS = ("loss", "grad_norm", "lr")  # exact hex floats, as float.hex writes them
 DIGEST_FIELDS = ("params", "grads")  # name -> digest
 # Arguments that may differ between two runs of the same training.
 FREE_ARGS = {"out", "progress", "stop_at", "resume_from"}
@@ -129,6 +132,25 @@ class Run:
     tensors: dict[str, str]  # name -> digest of every final tensor (computed from the weight file)
 
 
+def _exact_problem(key: str, value) -> str | None:
+    """What is wrong with an exact value, or None. Exact values are compared as written, so each must be
+    float.hex's own spelling of its value (what the writers' `exact` gives, 'inf' and 'nan' included): then
+    equal strings are equal bits, and another spelling of the same value cannot pass for a difference."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            canonical = float.fromhex(value).hex()
+        except ValueError:
+            canonical = None
+        if canonical == value:
+            return None
+        if canonical is not None:
+            return (f"'{key}' is {value!r}, not float.hex's spelling of that value ({canonical!r}): exact values "
+                    f"are compared as written")
+    return f"'{key}' must be a hex float string or null (has {value!r}); float.hex writes e.g. {exact(2.5)!r}"
+
+
 def _step_problem(record) -> str | None:
     """What is wrong with one line of steps.jsonl, or None."""
     if not isinstance(record, dict):
@@ -137,11 +159,16 @@ def _step_problem(record) -> str | None:
     if not isinstance(step, int) or isinstance(step, bool):
         return f"a step record needs an integer 'step' (has {step!r})"
     for key in EXACT_FIELDS:
-        if not isinstance(record.get(key), (str, type(None))):
-            return f"'{key}' must be a hex float string or null (has {record[key]!r})"
+        problem = _exact_problem(key, record.get(key))
+        if problem:
+            return problem
     for key in DIGEST_FIELDS:
-        if not isinstance(record.get(key, {}), dict):
-            return f"'{key}' must be an object of tensor name -> digest (has {type(record[key]).__name__})"
+        digests = record.get(key, {})
+        if not isinstance(digests, dict):
+            return f"'{key}' must be an object of tensor name -> digest (has {type(digests).__name__})"
+        for name, digest in digests.items():
+            if not isinstance(digest, str):  # digests are compared with ==: 1 and true would be equal
+                return f"'{key}' must map tensor names to digest strings ({name!r} has {digest!r})"
     return None
 
 
@@ -203,6 +230,9 @@ def _read_final(path: Path) -> dict:
     if not isinstance(tensors, dict) or not tensors or not all(isinstance(v, str) for v in tensors.values()):
         raise RunFileError(f"{path / FINAL}: 'tensors' must be a non-empty object of tensor name -> digest "
                            f"(has {tensors!r:.60})")
+    last = final.get("last_step")
+    if last is not None and (not isinstance(last, int) or isinstance(last, bool)):
+        raise RunFileError(f"{path / FINAL}: 'last_step' must be the integer step the run ended at (has {last!r})")
     weights_file = final.setdefault("weights_file", WEIGHTS_FILE)  # older runs always saved model.safetensors
     if weights_file not in (WEIGHTS_FILE, None):
         raise RunFileError(f"{path / FINAL}: 'weights_file' must be {WEIGHTS_FILE!r} or null, "
@@ -242,15 +272,36 @@ def _check_weights(path: Path, final: dict) -> tuple[str, dict[str, str]]:
     return sha, digests
 
 
+def _check_log_end(path: Path, steps: list[dict], meta: dict, final: dict) -> None:
+    """A finished run's log must end at the step the run ended at: a record lost at the end leaves no gap to
+    see, and would pass for a shorter run. That step is final.json's 'last_step' (FingerprintCallback: the
+    Trainer may stop before max_steps) or else meta.json's args.steps (the training script writes final.json
+    only after its last step); a run that recorded neither is not checked."""
+    steps_arg = meta.get("args", {}).get("steps")
+    if "last_step" in final:
+        last, source = final["last_step"], f"{path / FINAL} records 'last_step': {final['last_step']}"
+    elif isinstance(steps_arg, int):
+        last, source = steps_arg, f"{path / META} records args.steps = {steps_arg}"
+    else:
+        return
+    if steps and steps[-1]["step"] != last:
+        what = ("the records after it are lost" if steps[-1]["step"] < last
+                else "it holds steps after the run's end")
+        raise RunFileError(f"{path / STEPS} ends at step {steps[-1]['step']}, but the run ended at step {last} "
+                           f"({source}): {what}")
+
+
 def load_run(path) -> Run:
     """A complete run directory, every file checked; RunFileError (naming the file) for anything wrong."""
     path = Path(path)
-    if (path / INCOMPLETE).is_file():
-        reason = (path / INCOMPLETE).read_text().strip() or "no reason given"
-        raise RunFileError(f"{path} is an incomplete run ({path / INCOMPLETE}: {reason})")
+    marker = path / INCOMPLETE
+    if marker.exists() or marker.is_symlink():  # whatever it is (a file, a directory), it marks the run
+        reason = (marker.read_text().strip() if marker.is_file() else "") or "no reason given"
+        raise RunFileError(f"{path} is an incomplete run ({marker}: {reason})")
     steps = load_steps(path)
     meta = _read_meta(path)
     final = _read_final(path)
+    _check_log_end(path, steps, meta, final)
     if final["weights_file"] is None:  # written without a weight file: the recorded digests are all there is
         return Run(path, meta, steps, None, final["tensors"])
     sha, digests = _check_weights(path, final)
@@ -259,12 +310,13 @@ def load_run(path) -> Run:
 
 # --- comparing ------------------------------------------------------------------------------------------
 
-def diff_step(a: dict, b: dict, order: list[str]) -> StepDifference | None:
-    """The differences between two records of the same step; None if they are equal."""
-    scalars = {k: (a.get(k), b.get(k)) for k in EXACT_FIELDS if a.get(k) != b.get(k)}
+def diff_step(a: dict, b: dict, order: list[str], fields: set[str]) -> StepDifference | None:
+    """The differences between two records of the same step in `fields` (what both recorded); None if they
+    are equal."""
+    scalars = {k: (a[k], b[k]) for k in EXACT_FIELDS if k in fields and a[k] != b[k]}
     tensors = {}
     for kind in DIGEST_FIELDS:
-        da, db = a.get(kind, {}), b.get(kind, {})
+        da, db = (a[kind], b[kind]) if kind in fields else ({}, {})
         names = [n for n in order if da.get(n) != db.get(n)]
         names += sorted(n for n in set(da) | set(db) if n not in set(order) and da.get(n) != db.get(n))
         tensors[kind] = names
@@ -278,12 +330,44 @@ def param_order(meta: dict, steps: list[dict]) -> list[str]:
     return meta.get("param_names") or (list(steps[0].get("params", {})) if steps else [])
 
 
-def first_difference(steps_a: list[dict], steps_b: list[dict], order: list[str]) -> StepDifference | None:
-    """The first of the steps both runs have where they differ; None if those steps are equal."""
+def _first_line(path: Path) -> int:
+    """The line number of the first record in a JSON-lines file (read_jsonl skips blank lines)."""
+    with open(path) as fh:
+        return next((n for n, line in enumerate(fh, start=1) if line.strip()), 1)
+
+
+def check_aligned(run_a, steps_a: list[dict], run_b, steps_b: list[dict]) -> None:
+    """Both logs must start at the same step. Each log's steps follow one another (load_steps), so then every
+    step is aligned; else the log that starts later has lost its first records (or began elsewhere)."""
+    if not steps_a or not steps_b or steps_a[0]["step"] == steps_b[0]["step"]:
+        return
+    (late, late_steps), (early, early_steps) = sorted(((Path(run_a), steps_a), (Path(run_b), steps_b)),
+                                                      key=lambda run: -run[1][0]["step"])
+    raise RunFileError(f"{late / STEPS} line {_first_line(late / STEPS)}: the log starts at step "
+                       f"{late_steps[0]['step']}, expected step {early_steps[0]['step']}, where {early / STEPS} "
+                       f"starts: the logs are not aligned (records lost at the start of {late / STEPS}?)")
+
+
+def shared_fields(steps_a: list[dict], steps_b: list[dict]) -> list[set[str]]:
+    """For each step both (aligned) logs have, the fields both runs recorded there: only those are compared.
+    A logged loss covers the steps since the run's previous logged loss (a Trainer with logging_steps=n logs
+    the mean of the last n steps' losses), so a loss counts only where both runs also logged the previous one
+    at the same step."""
+    shared, last_a, last_b = [], None, None
     for a, b in zip(steps_a, steps_b):
-        if a["step"] != b["step"]:
-            raise RunFileError(f"step numbering differs ({a['step']} vs {b['step']}): the logs are not aligned")
-        diff = diff_step(a, b, order)
+        fields = _compared_fields(a) & _compared_fields(b)
+        if last_a != last_b:
+            fields.discard("loss")
+        last_a = a["step"] if a.get("loss") is not None else last_a
+        last_b = b["step"] if b.get("loss") is not None else last_b
+        shared.append(fields)
+    return shared
+
+
+def first_difference(steps_a: list[dict], steps_b: list[dict], order: list[str]) -> StepDifference | None:
+    """The first of the steps both (aligned) runs have where what both recorded differs; None if equal."""
+    for a, b, fields in zip(steps_a, steps_b, shared_fields(steps_a, steps_b)):
+        diff = diff_step(a, b, order, fields)
         if diff is not None:
             return diff
     return None
@@ -302,11 +386,37 @@ def _notes(meta_a: dict, meta_b: dict) -> list[str]:
     return notes
 
 
+def _not_compared(steps_a: list[dict], steps_b: list[dict], shared: list[set[str]]) -> list[str]:
+    """Notes on the fields a run recorded at a step but that were not compared there (the verdict counts no
+    difference in them), and on NaN values, whose bits float.hex does not record."""
+    notes = []
+    recorded = [_compared_fields(a) | _compared_fields(b) for a, b in zip(steps_a, steps_b)]
+    for key in (*EXACT_FIELDS, *DIGEST_FIELDS):
+        n = sum(key in r and key not in s for r, s in zip(recorded, shared))
+        if n:
+            why = "recorded by one run only" + (", or logged over other steps" if key == "loss" else "")
+            notes.append(f"{key} not compared at {n} of {len(shared)} steps ({why})")
+    for key in EXACT_FIELDS:
+        nan = [a["step"] for a, b, s in zip(steps_a, steps_b, shared) if key in s and a[key] == b[key] == "nan"]
+        if nan:
+            notes.append(f"{key} is NaN in both runs at {len(nan)} of {len(shared)} steps (first: step {nan[0]}): "
+                         f"float.hex records no sign or payload of a NaN, so those are equal as NaNs, not as bits")
+    return notes
+
+
 def compare_runs(run_a, run_b) -> Comparison:
+    if Path(run_a).exists() and Path(run_b).exists() and os.path.samefile(run_a, run_b):
+        # One run checked against itself proves nothing (a typo, `..`, a symlink to the same directory).
+        raise RunFileError(f"{run_a} and {run_b} are the same run directory: compare two different runs")
     a, b = load_run(run_a), load_run(run_b)
     for run in (a, b):
         if not run.steps:  # zero steps would make every check vacuous
             raise RunFileError(f"{run.path / STEPS} has no steps: there is nothing to compare")
+    check_aligned(run_a, a.steps, run_b, b.steps)
+    shared = shared_fields(a.steps, b.steps)
+    if not any(shared):
+        raise RunFileError(f"{a.path / STEPS} and {b.path / STEPS} have nothing in common to compare at any step "
+                           f"(no loss, grad norm, lr or digests recorded by both)")
     order = param_order(a.meta, a.steps)
     first = first_difference(a.steps, b.steps, order)
     ta, tb = a.tensors, b.tensors
@@ -316,10 +426,12 @@ def compare_runs(run_a, run_b) -> Comparison:
     weight_files = a.weights_sha256 is not None and b.weights_sha256 is not None
     # Files also differ where the tensors agree but the header does (names, metadata).
     final_equal = not final_tensors and (a.weights_sha256 == b.weights_sha256 if weight_files else True)
-    notes = _notes(a.meta, b.meta)
-    if not weight_files:
-        notes.append("a run saved no weight file: its final weights are compared by their recorded digests only")
-    both = [_compared_fields(x) & _compared_fields(y) for x, y in zip(a.steps, b.steps)]
-    coverage = {key: sum(key in fields for fields in both) for key in (*EXACT_FIELDS, *DIGEST_FIELDS)}
+    notes = _notes(a.meta, b.meta) + _not_compared(a.steps, b.steps, shared)
+    for name, run in (("A", a), ("B", b)):
+        if run.weights_sha256 is None:
+            unread = f"; the {WEIGHTS_FILE} in it is not read" if (run.path / WEIGHTS_FILE).exists() else ""
+            notes.append(f"run {name}'s {run.path / FINAL} names no weight file (\"weights_file\": null): the final "
+                         f"weights are compared by their recorded digests only{unread}")
+    coverage = {key: sum(key in fields for fields in shared) for key in (*EXACT_FIELDS, *DIGEST_FIELDS)}
     return Comparison(str(run_a), str(run_b), len(a.steps), len(b.steps), first, final_equal, final_tensors, notes,
                       weight_files, coverage)

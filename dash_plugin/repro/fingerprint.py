@@ -144,16 +144,20 @@ def clear_final(out) -> None:
         (Path(out) / name).unlink(missing_ok=True)
 
 
-def write_final(out, state_dict: dict[str, torch.Tensor], save_weights: bool = True) -> None:
+def write_final(out, state_dict: dict[str, torch.Tensor], save_weights: bool = True,
+                last_step: int | None = None) -> None:
     """The end of a run: OUT/model.safetensors and OUT/final.json (the file's sha256 and a digest per tensor).
 
     final.json is written last: a run directory without it did not finish. With save_weights=False no weight
     file is written and final.json says so ("weights_file": null); `dash-repro compare` then compares the
-    recorded digests only, and says so in its verdict."""
+    recorded digests only, and says so in its verdict. `last_step` (the step the run ended at) lets compare
+    see a record lost at the end of steps.jsonl, where no gap shows it."""
     from safetensors.torch import save_file
 
     out = Path(out)
     final = {"tensors": {k: tensor_digest(v) for k, v in state_dict.items()}}
+    if last_step is not None:
+        final["last_step"] = last_step
     if save_weights:
         path = out / WEIGHTS_FILE
         save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, path)

@@ -6,7 +6,8 @@ weight file, and compare then says that it compared the final weights by their d
 
 Per step: the digests of the parameters the step starts from, of the gradients the optimizer applies (after
 clipping), and the logged loss / grad norm / learning rate as exact hex floats. With `logging_steps=1` the logged
-loss is the step's loss; with larger values only logged steps carry one.
+loss is the step's loss; with larger values only logged steps carry one (the mean loss of the steps since the
+previous log), and the others have null there.
 """
 
 from __future__ import annotations
@@ -76,4 +77,6 @@ class FingerprintCallback(TrainerCallback):
         self._flush()
         self._fh.close()
         self._fh = None
-        write_final(self.out, model.state_dict(), save_weights=self.save_weights)
+        # The step the Trainer ended at: it may stop before max_steps (early stopping), and max_steps is -1
+        # for a run given in epochs, so meta.json's arguments cannot say where the log must end.
+        write_final(self.out, model.state_dict(), save_weights=self.save_weights, last_step=state.global_step)
