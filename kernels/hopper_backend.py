@@ -20,9 +20,14 @@ from . import hopper
 from .backends import DeviceProps
 
 
-@lru_cache(maxsize=None)
+_sm90: dict[str, bool] = {}
+
+
+@torch.compiler.assume_constant_result   # as hopper.available: a constant of torch.compile's graph
 def _is_sm90(device: str) -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
+    if device not in _sm90:
+        _sm90[device] = torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] == 9
+    return _sm90[device]
 
 
 @lru_cache(maxsize=None)   # asked on every backward; a device's SM count does not change

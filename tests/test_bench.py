@@ -1,6 +1,7 @@
 """dash-bench: FLOP formulas, the shape list, the determinism check, the report writers and the
 auto table on synthetic results, and the tiny CPU run end to end."""
 import json
+import os
 
 import pytest
 import torch
@@ -713,6 +714,7 @@ def test_a_column_that_ran_a_fallback_order_is_marked_and_left_out_of_the_target
     assert {r["title"]: r for r in report.evaluate_targets(res)}[target]["verdict"] == "not measured"
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="CPU tensors reach Triton in its interpreter only")
 def test_call_info_records_the_orders_the_backward_plan_holds():
     """Under the Triton interpreter: `arrival` on a full mask runs descending (its plan's fallback),
     on a causal one arrival itself; the cell records which."""

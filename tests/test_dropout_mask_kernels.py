@@ -122,4 +122,6 @@ def test_a_p_that_rounds_to_no_dropout_is_refused():
     q = torch.randn(1, 64, 1, 16, device=DEVICE)
     out, _ = attn_fwd.attention_forward(q, q, q, softmax_scale=0.25, dropout_p=2 ** -8, seed=1)   # one step: runs
     ref, _ = reference.attention_forward(*(q.cpu().double(),) * 3, softmax_scale=0.25, dropout_p=2 ** -8, seed=1)
-    assert ((out.cpu().double() - ref).norm() / ref.norm()).item() < 1e-5
+    # float32 arithmetic in the interpreter; on a GPU the kernel's float32 products run as TF32
+    # (10-bit mantissas, about 1e-3 here)
+    assert ((out.cpu().double() - ref).norm() / ref.norm()).item() < (1e-5 if INTERPRET else 5e-3)

@@ -3,6 +3,8 @@ eager, so out and every gradient must be the same bits, dense and packed, with d
 seed), on the Triton and the Hopper backend. The CPU tests (tests/test_ops.py) check the same on
 the reference backend. The attention output is returned itself and the gradient flows in from a
 fixed tensor: a loss reduced after it would be fused by Inductor into another summation order."""
+import warnings
+
 import pytest
 import torch
 
@@ -20,7 +22,9 @@ def _inputs(*shapes, seed=0):
 
 
 def _compiled_gives_eager_bits(step, tensors, *extra):
-    """Asserts the bits; returns the backend the eager call ran on."""
+    """Asserts the bits, and that tracing our code raised no warning (Dynamo warns where it meets a
+    functools cache: see tests/test_ops.py); returns the backend the eager call ran on."""
+    import torch._dynamo.utils as dynamo_utils
     torch._dynamo.reset()
     eager = step(*tensors, *extra)
     ran_on = dash_plugin.last_resolved().concrete_backend
@@ -28,11 +32,16 @@ def _compiled_gives_eager_bits(step, tensors, *extra):
                            generator=torch.Generator(device="cuda").manual_seed(1))
     want = torch.autograd.grad(eager, tensors, grad_out)
     compiled = torch.compile(step, fullgraph=True)
-    for _ in range(2):   # the second call reuses the graph
-        out = compiled(*tensors, *extra)
-        got = torch.autograd.grad(out, tensors, grad_out)
-        assert torch.equal(out, eager)
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    dynamo_utils.warn_once_cache = set()   # Dynamo warns once per process
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):   # the second call reuses the graph
+            out = compiled(*tensors, *extra)
+            got = torch.autograd.grad(out, tensors, grad_out)
+            assert torch.equal(out, eager)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+    ours = [str(w.message) for w in caught if "dash_plugin" in str(w.message) or "lru_cache" in str(w.message)]
+    assert ours == [], ours
     return ran_on
 
 

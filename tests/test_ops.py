@@ -106,13 +106,17 @@ def test_ops_check_the_cu_seqlens_they_read(backend, which, cu, message):
     """Callers of torch.ops.dash.* skip the API: each op reads cu_seqlens once and refuses contents
     that would read or write outside the packed tensors (the reference forward returned
     uninitialised memory, its backward NaN gradients)."""
+    # Triton on a GPU where there is one (its kernels take half precision there), else in its
+    # CPU interpreter (tests/conftest.py)
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(12, 2, 32, generator=g) for _ in range(3))
-    good = torch.tensor([0, 5, 12], dtype=torch.int32)
+    q, k, v = (torch.randn(12, 2, 32, generator=g).to(device, dtype) for _ in range(3))
+    good = torch.tensor([0, 5, 12], dtype=torch.int32, device=device)
     cus = dict(cu_seqlens_q=good, cu_seqlens_k=good)
     rest = (12, 12, 0.2, True, -1, 0, 0.0, 0.0, 0, "ascending", True, backend)
     out, lse = torch.ops.dash.fwd(q, k, v, good, good, *rest)
-    cus[which] = torch.tensor(cu, dtype=torch.int32)
+    cus[which] = torch.tensor(cu, dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match=which + r".*" + message):
         torch.ops.dash.fwd(q, k, v, cus["cu_seqlens_q"], cus["cu_seqlens_k"], *rest)
     with pytest.raises(ValueError, match=which + r".*" + message):
