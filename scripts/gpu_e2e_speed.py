@@ -461,6 +461,10 @@ def main(argv=None) -> int:
         if fa4_reason:
             notes.append(f"fa4_det: {fa4_reason}")
             args.variants = [v for v in args.variants if v != "fa4_det"]
+    # Variants that cannot run here stay in the report with the reason (cells marked unavailable).
+    unavailable = {"sdpa_cudnn": cudnn_reason}
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        unavailable["dash_triton_det"] = "the Triton backend runs on the CPU only in its interpreter (TRITON_INTERPRET=1)"
     if device.type == "cpu":
         notes.append("CPU run: a pipeline check, not a speed figure (dash runs its reference path, SDPA its CPU "
                      "kernels, no autocast)")
@@ -508,8 +512,8 @@ def main(argv=None) -> int:
             cells[(seqlen, v)] = {"seqlen": seqlen, "batch": batch, "variant": v, "label": VARIANTS[v][0],
                                   "torch_deterministic": VARIANTS[v][2], "status": "ok", "times": [], "ops": [],
                                   "peak_gib": None, "dash_resolved": None, "rounds_done": 0}
-            if v == "sdpa_cudnn" and cudnn_reason:
-                cells[(seqlen, v)].update(status="unavailable", reason=cudnn_reason)
+            if unavailable.get(v):
+                cells[(seqlen, v)].update(status="unavailable", reason=unavailable[v])
         for rnd in range(args.rounds):
             order = args.variants if rnd % 2 == 0 else args.variants[::-1]
             for v in order:
