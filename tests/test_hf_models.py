@@ -429,6 +429,20 @@ def test_sinks_are_not_implemented():
         dash_hf.dash_attention_forward(_Layer(), q, q, q, None, s_aux=torch.zeros(2))
 
 
+def test_output_attentions_warns_that_no_weights_come(saved):
+    """As transformers' sdpa and flash paths: a warning (pipelines pass the flag on), not empty
+    `attentions` in silence; the outputs are those of the call without the flag."""
+    import warnings
+    model = load(saved["llama"], "dash")
+    ids = torch.stack(tokens([5], seed=12))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = model(input_ids=ids, output_attentions=True)
+    assert any("does not return attention weights" in str(w.message) for w in caught)
+    assert not out.attentions
+    assert torch.equal(out.logits, model(input_ids=ids).logits)
+
+
 def test_packed_detection_from_position_ids():
     f = dash_hf._packed_from_position_ids
     assert f(None, 1, 6) is None
