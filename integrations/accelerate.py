@@ -119,19 +119,27 @@ def setup_deterministic_training(seed: int = 0, *, warn_only: bool = False, set_
         if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
         s["env CUBLAS_WORKSPACE_CONFIG"] = os.environ["CUBLAS_WORKSPACE_CONFIG"]
+        if os.environ["CUBLAS_WORKSPACE_CONFIG"] not in (":4096:8", ":16:8"):   # the two cuBLAS documents
+            setup.warnings.append(f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']!r} (set before) "
+                                  "is kept, but cuBLAS is reproducible only with ':4096:8' or ':16:8'; torch "
+                                  "refuses a deterministic CUDA matmul with any other value")
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             setup.warnings.append("CUDA was initialised before the set-up; CUBLAS_WORKSPACE_CONFIG only takes "
                                   "effect if no cuBLAS handle exists yet (call this first)")
         # Only child processes see it (string hashing of this process is fixed at start-up).
         os.environ.setdefault("PYTHONHASHSEED", str(seed % 2**32))
         s["env PYTHONHASHSEED (children)"] = os.environ["PYTHONHASHSEED"]
+        if os.environ["PYTHONHASHSEED"] != str(seed % 2**32):
+            setup.warnings.append(f"PYTHONHASHSEED={os.environ['PYTHONHASHSEED']} (set before, e.g. by an earlier "
+                                  f"call) is kept: child processes hash strings with it, not with seed {seed}")
 
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
-    s["seeds"] = f"random, numpy, torch (cpu{', cuda' if torch.cuda.is_available() else ''}) = {seed}"
+    numpy_seed = "" if seed < 2**32 else f" (numpy: {seed % 2**32}, seed mod 2**32)"
+    s["seeds"] = f"random, numpy, torch (cpu{', cuda' if torch.cuda.is_available() else ''}) = {seed}{numpy_seed}"
 
     torch.use_deterministic_algorithms(True, warn_only=warn_only)
     s["torch.use_deterministic_algorithms"] = f"True (warn_only={warn_only})"

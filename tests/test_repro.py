@@ -166,6 +166,31 @@ def test_setup_deterministic_training_sets_and_reports(monkeypatch):
         torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
+def test_setup_deterministic_training_warns_of_what_it_keeps(monkeypatch):
+    """Values set before are kept (and reported); where they undo what the call asked for, a
+    warning says so."""
+    from dash_plugin.integrations.accelerate import setup_deterministic_training
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "garbage")
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    was = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        first = setup_deterministic_training(7)
+        assert any("CUBLAS_WORKSPACE_CONFIG='garbage' (set before) is kept" in w for w in first.warnings)
+        assert not any("PYTHONHASHSEED" in w for w in first.warnings)
+        second = setup_deterministic_training(11)   # the first call's PYTHONHASHSEED stays
+        assert os.environ["PYTHONHASHSEED"] == "7"
+        assert any("PYTHONHASHSEED=7 (set before, e.g. by an earlier call) is kept" in w and "seed 11" in w
+                   for w in second.warnings)
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        monkeypatch.delenv("PYTHONHASHSEED")
+        big = setup_deterministic_training(2**32 + 5)
+        assert big.warnings == [] or all("CUDA was initialised" in w for w in big.warnings)
+        assert f"= {2**32 + 5} (numpy: 5, seed mod 2**32)" in big.summary()
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+
+
 def test_setup_deterministic_training_switches_the_nan_fill(monkeypatch):
     import torch.utils.deterministic as deterministic
 
