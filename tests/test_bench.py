@@ -465,16 +465,24 @@ def test_watchdog_reports_a_hung_cell(monkeypatch):
     assert "hung" in report.render_markdown(hung)
 
 
-def test_merge_split_runs(tmp_path):
-    """A full protocol split over several commands: the reports and the targets cover every point."""
-    whole = _synthetic_results()
+def _split_runs(whole, folder) -> list[str]:
+    """`whole` written as two runs of disjoint points, folder/part<n>/results.json, as
+    `dash-bench --out part<n>` would leave them."""
     parts = []
     for n, keys in enumerate((["hdim128-causal-s16384"], ["hdim64-full-s2048", "hdim64-full-s8192"])):
         part = dict(whole, points=[p for p in whole["points"] if p["key"] in keys],
                     cells=[c for c in whole["cells"] if c["point"] in keys],
                     config=dict(whole["config"], command=f"dash-bench part{n}"))
-        report.write_json(part, str(tmp_path / f"part{n}.json"))
-        parts.append(str(tmp_path / f"part{n}.json"))
+        (folder / f"part{n}").mkdir()
+        report.write_json(part, str(folder / f"part{n}" / "results.json"))
+        parts.append(str(folder / f"part{n}" / "results.json"))
+    return parts
+
+
+def test_merge_split_runs(tmp_path):
+    """A full protocol split over several commands: the reports and the targets cover every point."""
+    whole = _synthetic_results()
+    parts = _split_runs(whole, tmp_path)
     assert cli.main(["--from-json", ",".join(parts), "--out", str(tmp_path / "all")]) == 0
     merged = report.read_json(str(tmp_path / "all" / "results.json"))
     assert [p["key"] for p in merged["points"]] == [p["key"] for p in whole["points"]]
@@ -485,6 +493,105 @@ def test_merge_split_runs(tmp_path):
     other = dict(whole, env=dict(whole["env"], gpu="NVIDIA H100"))
     with pytest.raises(ValueError, match="different devices"):
         report.merge_results([whole, other], ["a", "b"])
+
+
+def test_from_json_never_writes_over_its_inputs(tmp_path, monkeypatch, capsys):
+    """--out left out is ./dash-bench-out, as --help says (it was the first input's folder, and
+    the merge replaced that run's results.json); an --out or --write-auto-table that names an
+    input is refused."""
+    parts = _split_runs(_synthetic_results(), tmp_path)
+    before = [open(p, "rb").read() for p in parts]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["--from-json", ",".join(parts)]) == 0
+    assert [open(p, "rb").read() for p in parts] == before
+    assert len(report.read_json("dash-bench-out/results.json")["points"]) == 3
+    capsys.readouterr()
+    for flags, named in ((["--out", os.path.dirname(parts[1])], "--out " + os.path.dirname(parts[1])),
+                         (["--write-auto-table", parts[0]], "--write-auto-table " + parts[0])):
+        assert cli.main(["--from-json", ",".join(parts), *flags]) == 2
+        err = capsys.readouterr().err
+        assert f"dash-bench: {named} would overwrite " in err and "which --from-json reads" in err, err
+    assert [open(p, "rb").read() for p in parts] == before
+
+
+def _cell(results, impl, point="hdim64-full-s2048"):
+    return next(c for c in results["cells"] if c["impl"] == impl and c["point"] == point)
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda r: r.update(cells=5), "cells = 5 is not a list"),
+    (lambda r: r.update(cells=None), "cells = None is not a list"),
+    (lambda r: r.update(points={}), "points = {} is not a list"),
+    (lambda r: r["cells"][0].pop("point"), "cells[0] has no 'point'"),
+    (lambda r: r["cells"].__setitem__(0, "x"), "cells[0] is str 'x', not an object"),
+    (lambda r: r["points"][0].pop("key"), "points[0] has no 'key'"),
+    (lambda r: r["implementations"][0].pop("name"), "implementations[0] has no 'name'"),
+    (lambda r: r.pop("env"), "the file has no 'env'"),
+    (lambda r: r.update(env=None), "env = None is not an object"),
+    (lambda r: r.update(config=[]), "config = [] is not an object"),
+    (lambda r: r["config"].update(dropout_p="abc"), "config.dropout_p = 'abc' is not a number in [0, 1)"),
+    (lambda r: r["cells"][0].update(bwd_tflops="fast"), "cells[0].bwd_tflops = 'fast' is not a finite number >= 0"),
+    (lambda r: r["cells"][0].update(bwd_tflops=-1.0), "cells[0].bwd_tflops = -1.0 is not a finite number >= 0"),
+    (lambda r: r["cells"][0].update(bwd_tflops=float("nan")), "cells[0].bwd_tflops = nan is not a finite"),
+    (lambda r: r["cells"][0].update(fwd_tflops=float("inf")), "cells[0].fwd_tflops = inf is not a finite"),
+    (lambda r: r["cells"][0].update(bwd_ms=-2.0), "cells[0].bwd_ms = -2.0 is not a finite number >= 0"),
+    (lambda r: r["cells"][0].update(deterministic=False) or r["cells"][0].pop("det_mismatches"),
+     "cells[0] (sdpa-cudnn at hdim128-causal-s16384) has no 'det_mismatches'"),
+    (lambda r: r["cells"][0].update(plan_variants=5), "cells[0].plan_variants = 5 is not a list of strings"),
+    (lambda r: r.update(format="dash-bench/999"), "format 'dash-bench/999' is not 'dash-bench/1'"),
+    (lambda r: r.update(format=None), "format None is not 'dash-bench/1'"),
+    # a cell given twice: the last one won silently, and a verdict could flip
+    (lambda r: r["cells"].append(dict(_cell(r, "dash-auto"), bwd_tflops=9999.0)),
+     "cells[25] gives dash-auto at hdim64-full-s2048 a second time"),
+    (lambda r: r["cells"].append(dict(r["cells"][0], point="nope")), "cells[25] is at point 'nope', which is not"),
+    (lambda r: r["cells"].append(dict(r["cells"][0], impl="ghost")), "implementation 'ghost', which is not"),
+    (lambda r: r["points"].append(r["points"][0]), "point 'hdim128-causal-s16384' is listed twice"),
+])
+def test_from_json_refuses_a_broken_or_tampered_file(tamper, message, tmp_path, capsys):
+    """One line naming the file and what is wrong, exit 2; never a traceback or a quietly wrong report."""
+    res = _synthetic_results()
+    tamper(res)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(res))   # NaN and Infinity as Python's json writes and reads them
+    assert cli.main(["--from-json", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"dash-bench: {path}: {err.split(': ', 2)[2]}" and message in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_every_committed_results_file_passes_the_check():
+    import pathlib
+    files = sorted((pathlib.Path(__file__).resolve().parent.parent / "docs" / "benchmarks").rglob("results.json"))
+    assert files
+    for f in files:
+        report.read_json(str(f))
+
+
+def test_a_zero_denominator_is_not_measurable():
+    """bwd_tflops 0.0 is legal JSON: the ratio over it is not measurable (it raised ZeroDivisionError)."""
+    title = "det backward (auto) vs our atomic backward"
+    res = _synthetic_results()
+    _cell(res, "dash-atomic").update(bwd_tflops=0.0)
+    row = {r["title"]: r for r in report.evaluate_targets(res)}[title]
+    assert row["value"] == pytest.approx(480 / 520) and row["points"] == 2   # the two other points
+    assert "; not measurable where dash-atomic reads 0 (hdim64-full-s2048)" in row["detail"]
+    for c in res["cells"]:
+        if c["impl"] == "dash-atomic":
+            c["bwd_tflops"] = 0.0
+    row = {r["title"]: r for r in report.evaluate_targets(res)}[title]
+    assert (row["value"], row["verdict"]) == (None, "not measured")
+    assert row["detail"].startswith("not measurable where dash-atomic reads 0 (hdim128-causal-s16384, ")
+    assert f"| {title} | - | >= 0.97x | not measured | not measurable" in report.render_markdown(res)
+
+
+def test_a_value_given_twice_is_refused(capsys):
+    """--hdims 64,64 gave each point twice (the report keeps one cell per point and column)."""
+    for argv, message in ((["--hdims", "64,64"], "--hdims '64,64': 64 given twice; list each once"),
+                          (["--seqlens", "512,1024,512"], "--seqlens '512,1024,512': 512 given twice; list each once"),
+                          (["--masks", "causal,causal"], "--masks 'causal,causal': causal given twice; list each once"),
+                          (["--hdims", "abc"], "--hdims must be a comma list of integers, got 'abc'")):
+        assert cli.main(argv) == 2   # refused before the CUDA check
+        assert capsys.readouterr().err == f"dash-bench: {message}\n"
 
 
 def test_cli_gqa_only_selects_the_gqa_row_alone():
@@ -771,9 +878,16 @@ def test_the_documented_targets_are_the_ones_the_report_judges():
     (["--seed", "-5"], "--seed -5: must be an int >= 0"),
     (["--hdims", "x"], "--tiny runs its own miniature points: drop --hdims / --seqlens"),
     (["--from-json", "/nonexistent/results.json"], "--from-json /nonexistent/results.json: No such file"),
+    (["--from-json", ","], "--from-json ',' is empty: give a comma list of results files"),
+    (["--from-json", ""], "--from-json '' is empty: give a comma list of results files"),
+    (["--write-auto-table", ""], "--write-auto-table '': give a file path"),
+    (["--write-auto-table", "{tmp}"], "--write-auto-table {tmp}: is a folder; give a file path"),
+    (["--impls", ","], "--impls ',' names no implementation; give a comma list of names or patterns"),
 ])
 def test_bad_flags_are_named_with_what_is_allowed(argv, message, capsys, tmp_path):
     """Values argparse lets through are refused before anything runs (exit 2, one line, no traceback)."""
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    message = message.replace("{tmp}", str(tmp_path))
     rc = cli.main(["--device", "cpu", "--tiny", "--out", str(tmp_path / "out"), *argv])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err, err

@@ -59,19 +59,126 @@ def test_varlen_gqa_window(capsys):
     (["--seqlen", "64", "--hdim", "300"], ["--hdim", "300", "1..256"]),
     (["--seqlen", "64", "--heads", "8", "--kv-heads", "3"], ["--kv-heads", "3", "divisor"]),
     (["--hdim", "64"], ["give --seqlen", "--seqlen-q and --seqlen-k", "--varlen"]),
-    (["--seqlen", "0"], ["--seqlen-q", "0", "positive int"]),
+    (["--seqlen", "0"], ["--seqlen 0", "1..1048576"]),
+    (["--seqlen", "64", "--seqlen-k", "0"], ["--seqlen-k 0", "1..1048576"]),
     (["--seqlen", "64", "--causal", "--window-right", "4"], ["--window-right", "4", "0 or -1"]),
     (["--varlen", "64,x"], ["--varlen", "'64,x'", "non-negative ints"]),
-    (["--seqlen", "64", "--sms", "0"], ["--sms", "0", "positive int"]),
+    (["--seqlen", "64", "--sms", "0"], ["--sms", "0", "1..4096"]),
     (["--seqlen", "64", "--launch", "x"], ["--launch", "'x'", "head-major, group-major"]),
+    # costs: NaN and infinities passed a `< 0` check and printed nonsense
+    (["--seqlen", "64", "--c", "nan"], ["--c nan", "a finite number > 0"]),
+    (["--seqlen", "64", "--c", "0"], ["--c 0.0", "a finite number > 0"]),
+    (["--seqlen", "64", "--r", "inf"], ["--r inf", "a finite number >= 0"]),
+    # sizes: no bound exhausted the machine's memory without a word
+    (["--seqlen", "99999999999999999999999"], ["--seqlen 99999999999999999999999", "1..1048576"]),
+    (["--seqlen", "64", "--sms", "100000000000"], ["--sms 100000000000", "1..4096"]),
+    (["--seqlen", "64", "--heads", "100000000"], ["--heads 100000000", "1..4096"]),
+    (["--seqlen", "64", "--batch", "70000"], ["--batch 70000", "1..65535"]),
+    (["--seqlen", "64", "--block-m", "1000000000000000000000"], ["--block-m", "1..1024"]),
+    (["--seqlen", "65536", "--heads", "64"], ["26869760", "steps to simulate", "at most 8388608"]),
+    # the API's window rule: -5 is no window size (it was taken as unbounded)
+    (["--seqlen", "64", "--window-left", "-5"], ["--window-left -5", "each side must be an int in -1.."]),
+    (["--varlen", "128,256", "--seqlen", "5000", "--batch", "7"], ["--varlen", "drop --seqlen, --batch"]),
+    (["--seqlen", "64", "--hdim", "100"], ["--hdim 100", "[64, 96, 128, 192, 256]", "--block-m and --block-n"]),
 ])
-def test_bad_flags(argv, words):
+def test_bad_flags(argv, words, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
-    msg = str(e.value.code)
+    msg = capsys.readouterr().err
+    assert e.value.code == 2, msg   # as argparse's own errors
+    assert msg.startswith("dash-schedule: error: ") and msg.count("\n") == 1, msg
     for w in words:
         assert w in msg, (w, msg)
     assert "None" not in msg, msg   # a bad flag's message never shows an unset default
+    if "--seqlen" in argv:   # named as typed ("--seqlen 0" was reported as --seqlen-q)
+        assert "--seqlen-q" not in msg, msg
+
+
+def _figures(monkeypatch, argv):
+    """The matplotlib figures `dash-schedule argv` draws (kept open), in drawing order."""
+    from dash_plugin.schedules import gantt
+    from dash_plugin.schedules.cli import parse_args, run
+
+    figures = []
+    monkeypatch.setattr(gantt.plt, "close", figures.append)
+    run(parse_args(argv))
+    return figures
+
+
+def test_bubbles_are_shares_of_the_sms_the_header_names(tmp_path, monkeypatch, capsys):
+    """shift's persistent grid has 64 programs on a 132-SM device: its bubbles count the 68 idle
+    SMs as the other rows do (they read 0.0 %, over the grid's 64), and the picture says the same."""
+    figures = _figures(monkeypatch, ["--seqlen", "1024", "--causal", "--schedules", "ascending,shift",
+                                     "--png", str(tmp_path)])
+    text = capsys.readouterr().out
+    rows = _table(text)
+    assert "SMs=132" in text and rows["ascending"] == (27.5, 1.0, 52.4)
+    assert rows["shift"][0] == 27.0 and rows["shift"][2] == 51.5   # 1 - 1728 / (27 x 132)
+    titles = [f.axes[0].get_title() for f in figures]
+    assert titles[1].startswith("shift (causal, 16 heads, 132 SMs)  makespan 27, bubbles 51.5%"), titles
+    assert len(figures[1].axes[0].get_yticks()) > 0 and figures[1].axes[0].get_ylim() == (131.5, -0.5)
+
+
+@pytest.mark.parametrize("hdim, mask", [(128, ["--window-left", "512"]), (128, ["--window-right", "0"]),
+                                        (128, ["--causal"]), (128, []), (256, ["--causal"]), (64, [])])
+def test_default_tiles_are_the_hopper_kernels(hdim, mask, capsys):
+    """The tiles come from the Hopper backend's own tile function: a window tiles like causal, and
+    hdim 256 uses 64 x 48 (the CLI had FA3's table: 80 x 128 for windows, 64 x 80 at 256)."""
+    from dash_plugin.kernels.hopper.tile_table import bwd_tiles
+    main(["--seqlen", "512", "--hdim", str(hdim), "--sms", "8", "--schedules", "ascending", *mask])
+    block_m, block_n = bwd_tiles(hdim, bool(mask))
+    assert f" tiles {block_m}x{block_n} " in capsys.readouterr().out
+
+
+def test_a_window_of_right_0_is_the_causal_mask(capsys):
+    """--window-right 0 (no left limit) is the causal mask, as the API and the kernel read it: the
+    same table as --causal, shift-symmetric included (it fell back to descending on 80 x 128 tiles)."""
+    shape = ["--seqlen", "4096", "--heads", "4", "--schedules", "ascending,shift"]
+    main(shape + ["--window-right", "0"])
+    as_window = capsys.readouterr().out
+    main(shape + ["--causal"])
+    assert as_window == capsys.readouterr().out
+    assert "mask=causal window=(-1,0)" in as_window and "shift-symmetric" in as_window
+
+
+def test_png_titles_name_the_mask_the_kernel_runs(tmp_path, monkeypatch):
+    for flags, mask in ((["--causal", "--window-left", "100"], "window"), (["--window-right", "0"], "causal"),
+                        ([], "full")):
+        figures = _figures(monkeypatch, SMALL + flags + ["--schedules", "ascending", "--png", str(tmp_path)])
+        assert figures[0].axes[0].get_title().startswith(f"ascending ({mask}, 8 heads, 8 SMs)")
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda d: (d / "afile").write_text("x") and str(d / "afile"), ["afile: exists and is not a folder"]),
+    (lambda d: "", ["--png ''", "a folder path"]),
+    (lambda d: (d / "x" / "ascending.png").mkdir(parents=True) or str(d / "x"),
+     ["ascending.png is a folder, where the picture of ascending goes"]),
+    (lambda d: (d / "f").write_text("x") and str(d / "f" / "sub"), ["--png", "cannot create the folder"]),
+])
+def test_a_bad_png_path_is_refused_before_simulating(make, words, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(SMALL + ["--schedules", "ascending", "--png", make(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "simulating" not in err, err   # checked before the simulation
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_a_schedule_named_twice_is_simulated_and_drawn_once(tmp_path, capsys):
+    main(SMALL + ["--schedules", "ascending,shift,ascending", "--png", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines() if line.split()[0] in registry.names()] == [
+        "ascending", "shift"]
+    assert out.count("wrote ") == 2
+
+
+def test_nothing_to_simulate_draws_without_a_warning(tmp_path):
+    """Empty sequences: makespan 0 gave matplotlib's 'identical low and high xlims' warning."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["--varlen", "0,0", "--schedules", "ascending", "--png", str(tmp_path)]) == 0
+    assert (tmp_path / "ascending.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_every_option_has_help_text():
@@ -92,12 +199,9 @@ def test_progress_is_reported_while_it_works(tmp_path, capsys):
 def test_gantt_legend_names_every_head_drawn(tmp_path, monkeypatch):
     """16 heads drawn, 16 in the legend (it listed the first 8); heads share one of 20 colours."""
     from dash_plugin.schedules import gantt
-    from dash_plugin.schedules.cli import parse_args, run
 
-    figures = []
-    monkeypatch.setattr(gantt.plt, "close", figures.append)
-    run(parse_args(["--seqlen", "256", "--block-m", "64", "--block-n", "64", "--heads", "16", "--sms", "8",
-                    "--schedules", "ascending", "--png", str(tmp_path)]))
+    figures = _figures(monkeypatch, ["--seqlen", "256", "--block-m", "64", "--block-n", "64", "--heads", "16",
+                                     "--sms", "8", "--schedules", "ascending", "--png", str(tmp_path)])
     labels = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
     assert labels[:16] == [f"compute, head {h}" for h in range(16)] and len(labels) == 18
     assert [label for _, label in gantt.head_legend(range(45))][:2] == ["compute, heads 0, 20, 40",

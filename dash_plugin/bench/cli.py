@@ -19,14 +19,20 @@ QUICK_BUDGET_MIN = 2.5   # --quick promises under 3 minutes (start-up and report
 MODE_TIMING = {"full": (25.0, 100.0), "quick": (10.0, 50.0), "tiny": (2.0, 20.0)}   # warm-up, window (ms)
 
 
-def _int_list(text: str, name: str) -> list[int]:
+def _comma_list(text: str, name: str, convert=str, what: str = "names") -> list:
+    """The items of a comma-list flag, each converted. Refuses an empty list and an item given
+    twice: a point or a column listed twice would be measured twice, and the report keeps one cell
+    per (point, column)."""
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        items = [convert(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"dash-bench: {name} must be a comma list of integers, got {text!r}")
-    if not values:
-        raise SystemExit(f"dash-bench: {name} is empty")
-    return values
+        raise ValueError(f"{name} must be a comma list of {what}, got {text!r}") from None
+    if not items:
+        raise ValueError(f"{name} {text!r} is empty: give a comma list of {what}")
+    twice = sorted({str(x) for x in items if items.count(x) > 1})
+    if twice:
+        raise ValueError(f"{name} {text!r}: {', '.join(twice)} given twice; list each once")
+    return items
 
 
 DROPOUT_ALLOWED = ("0 (no dropout) or a number above 2**-9 and below 1 - 2**-9 (the mask takes P in steps "
@@ -60,12 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--list", action="store_true", help="list the implementations and whether they run here")
     ap.add_argument("--source-digest", action="store_true",
                     help="print the digest of the dash_plugin sources installed here (results files record it)")
-    ap.add_argument("--hdims", default=None, help="comma list of head dims (default 64,128)")
+    ap.add_argument("--hdims", default=None, help="comma list of distinct head dims (default 64,128)")
     ap.add_argument("--hdim256", action="store_true", help="add the hdim 256 row")
     ap.add_argument("--gqa", action="store_true", help="add the GQA 4:1 row (hdim 128)")
     ap.add_argument("--gqa-only", action="store_true", help="only the GQA 4:1 row (hdim 128)")
-    ap.add_argument("--seqlens", default=None, help="comma list of seqlens (default 512..16384)")
-    ap.add_argument("--masks", default=None, help="comma list of causal,full (default both)")
+    ap.add_argument("--seqlens", default=None, help="comma list of distinct seqlens (default 512..16384)")
+    ap.add_argument("--masks", default=None, help="comma list of causal,full (default both); a value "
+                    "given twice in --hdims, --seqlens or --masks is refused (it would measure a point twice)")
     ap.add_argument("--repeats", type=int, default=6, help="backward passes compared bitwise (default 6)")
     ap.add_argument("--warmup-ms", type=float, default=None, help="do_bench warm-up (default 25; quick 10)")
     ap.add_argument("--rep-ms", type=float, default=None, help="do_bench measuring window (default 100; quick 50)")
@@ -102,34 +109,46 @@ def _check_flags(args):
         bad = [m for m in (x.strip() for x in args.masks.split(",")) if m not in protocol.MASKS]
         if bad or not args.masks.strip():
             raise ValueError(f"--masks {args.masks!r}: allowed: {', '.join(protocol.MASKS)} (comma list)")
+        _comma_list(args.masks, "--masks")   # each once
     if args.max_minutes is not None and not args.max_minutes > 0:
         raise ValueError(f"--max-minutes {args.max_minutes}: must be > 0 (or left out: no budget)")
     if not args.cell_timeout >= 0:
         raise ValueError(f"--cell-timeout {args.cell_timeout}: must be >= 0 seconds (0 disables the watchdog)")
     if args.seed < 0:
         raise ValueError(f"--seed {args.seed}: must be an int >= 0 (it is also the dropout seed)")
-    if args.tiny and (args.hdims or args.seqlens):
+    if args.tiny and (args.hdims is not None or args.seqlens is not None):
         raise ValueError("--tiny runs its own miniature points: drop --hdims / --seqlens")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out}: exists and is not a folder")
+    table = args.write_auto_table
+    if table is not None:   # checked before a run of minutes, not when it is written at the end
+        if not table.strip():
+            raise ValueError("--write-auto-table '': give a file path (PATH.py: auto_table.py's format, else JSON)")
+        if os.path.isdir(table):
+            raise ValueError(f"--write-auto-table {table}: is a folder; give a file path (PATH.py: auto_table.py's "
+                             "format, else JSON)")
+        parent = os.path.dirname(os.path.abspath(table))
+        if os.path.exists(parent) and not os.path.isdir(parent):
+            raise ValueError(f"--write-auto-table {table}: {parent} is not a folder")
 
 
 def _points(args):
     from . import protocol
-    masks = tuple(m.strip() for m in args.masks.split(",")) if args.masks else protocol.MASKS
+    masks = tuple(_comma_list(args.masks, "--masks")) if args.masks is not None else protocol.MASKS
     if args.tiny:
         return protocol.tiny_points(masks=masks)
     if args.quick:
         return protocol.quick_points(masks=masks)
-    if args.gqa_only and (args.hdims or args.hdim256):
+    if args.gqa_only and (args.hdims is not None or args.hdim256):
         raise ValueError("--gqa-only runs the GQA row alone: drop --hdims / --hdim256, or use --gqa")
     if args.gqa_only:
         hdims = []
     else:
-        hdims = _int_list(args.hdims, "--hdims") if args.hdims else list(protocol.HDIMS)
+        hdims = _comma_list(args.hdims, "--hdims", int, "integers") if args.hdims is not None else list(protocol.HDIMS)
     if args.hdim256 and 256 not in hdims:
         hdims.append(256)
-    seqlens = _int_list(args.seqlens, "--seqlens") if args.seqlens else list(protocol.SEQLENS)
+    seqlens = (_comma_list(args.seqlens, "--seqlens", int, "integers") if args.seqlens is not None
+               else list(protocol.SEQLENS))
     return protocol.protocol_points(hdims=hdims, seqlens=seqlens, masks=masks, gqa=args.gqa or args.gqa_only)
 
 
@@ -148,6 +167,20 @@ def _finish(results, args, command) -> int:
     return 0
 
 
+def _refuse_overwriting_inputs(files: list[str], args) -> None:
+    """--from-json rewrites the reports into --out: never over one of the files it read (a merge
+    written over its first part loses that part)."""
+    from .report import report_paths
+    writes = [("--out", args.out, path) for path in report_paths(args.out).values()]
+    if args.write_auto_table:
+        writes.append(("--write-auto-table", args.write_auto_table, args.write_auto_table))
+    for f in files:
+        for flag, value, path in writes:
+            if os.path.exists(path) and os.path.samefile(f, path):
+                raise ValueError(f"{flag} {value} would overwrite {f}, which --from-json reads: write elsewhere "
+                                 "(--out's default: ./dash-bench-out)")
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     command = "dash-bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
@@ -160,14 +193,14 @@ def main(argv=None) -> int:
 
 def _main(args, command) -> int:
     _check_flags(args)
-    if args.from_json:
+    if args.from_json is not None:
         from . import report
-        files = [f.strip() for f in args.from_json.split(",") if f.strip()]
+        files = _comma_list(args.from_json, "--from-json", what="results files")
         results = report.merge_results([report.read_json(f) for f in files], files)
-        if args.out == "dash-bench-out":   # default: next to the (first) JSON it came from
-            args.out = os.path.dirname(os.path.abspath(files[0]))
+        _refuse_overwriting_inputs(files, args)
         # the reports name the command that measured the figures, not this one
         return _finish(results, args, results.get("config", {}).get("command") or command)
+    points = _points(args)   # a bad --hdims / --seqlens is named before anything else is asked
 
     # Under torch.use_deterministic_algorithms cuBLAS needs a fixed workspace; set before CUDA starts.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -211,7 +244,6 @@ def _main(args, command) -> int:
     settings = runner.Settings(repeats=args.repeats, seed=args.seed,
                                warmup_ms=warmup if args.warmup_ms is None else args.warmup_ms,
                                rep_ms=rep if args.rep_ms is None else args.rep_ms, dropout_p=args.dropout)
-    points = _points(args)
     if mode == "quick" and args.max_minutes is None:
         args.max_minutes = QUICK_BUDGET_MIN
     print(f"dash-bench ({mode}): {len(points)} points x {len(impls)} implementations on "

@@ -344,15 +344,17 @@ def select_impls(patterns: Optional[str], device: torch.device, *, tiny: bool = 
     drop a column.
     """
     impls = all_impls()
-    if patterns is None or patterns.strip() == "":
+    if patterns is None:
         if tiny:
             return [i for i in impls if i.name in TINY_IMPLS]
         return [i for i in impls if device.type in i.devices
                 and not (device.type == "cuda" and i.name in NOT_DEFAULT_ON_CUDA)]
+    named = [p.strip() for p in patterns.split(",") if p.strip()]
+    if not named:   # "" or ",": an empty selection, not one that cannot run here
+        raise ValueError(f"--impls {patterns!r} names no implementation; give a comma list of names or "
+                         "patterns (see --list), or leave it out for the default set")
     chosen = set()
-    for pattern in (p.strip() for p in patterns.split(",")):
-        if not pattern:
-            continue
+    for pattern in named:
         hits = {i.name for i in impls if fnmatch.fnmatchcase(i.name, pattern)}
         if not hits:
             raise ValueError(f"--impls: {pattern!r} matches no implementation; allowed: {', '.join(IMPL_NAMES)}")

@@ -10,7 +10,7 @@ import math
 import os
 import statistics
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 from ..schedules.builders import is_fallback
 from .clocks import NOT_CUDA
@@ -19,6 +19,7 @@ MIB = 2.0 ** 20
 # Two correct bf16 implementations differ by about 1e-2 of the largest value at most (rounding
 # of out, differing accumulation orders of dq); far above that a result is wrong, however fast.
 SUSPECT_ERR = 0.05
+FORMAT = "dash-bench/1"   # the results file's format, written by runner.run_benchmark and checked on reading
 
 
 # ---------------------------------------------------------------------------- access helpers
@@ -163,7 +164,7 @@ def _evaluate(target: Target, results: dict) -> dict:
     keys = [p["key"] for p in results["points"]] if target.kind != "point" else [target.point]
     keys = [k for k in keys if all(any(part in k for part in group) for group in target.where)]
     numerators = _numerator_names(target, results)
-    ratios = []
+    ratios, zero = [], []
     for key in keys:
         if target.per_impl:
             nums = [(v, name) for name in numerators if (v := ok_value(cells, key, name, target.metric)) is not None]
@@ -173,21 +174,25 @@ def _evaluate(target: Target, results: dict) -> dict:
         den = 1.0 if target.denominator is None else ok_value(cells, key, target.denominator, target.metric)
         if not nums or den is None:
             continue
+        if max(den, target.floor) == 0:   # a legal 0 in the file: no ratio to take there
+            zero.append(key)
+            continue
         ratios += [(value / max(den, target.floor), key, name) for value, name in nums]
     row = {"title": target.title, "goal": target.goal, "op": target.op, "value": None, "verdict": "not measured",
            "points": len(ratios), "detail": "", "digits": target.digits}
+    not_measurable = (f"not measurable where {target.denominator} reads 0 ({', '.join(zero[:3])}"
+                      + (f" and {len(zero) - 3} more)" if len(zero) > 3 else ")")) if zero else ""
     if not ratios:
         who = " or ".join(target.numerator).replace(OURS_DETERMINISTIC, "a deterministic dash column")
-        row["detail"] = (f"needs {who}" + (f" and {target.denominator}" if target.denominator else "")
-                         + " measured" + (f" at {target.point}" if target.point else ""))
+        row["detail"] = not_measurable or (f"needs {who}" + (f" and {target.denominator}" if target.denominator else "")
+                                           + " measured" + (f" at {target.point}" if target.point else ""))
         return row
     if target.per_impl:   # the worst (implementation, point) pair counts; name it
         worst = (max if target.kind == "max" else min)(ratios)
         row["value"] = worst[0]
         row["detail"] = (f"worst of {len(ratios)} (implementation, point) pairs "
                          f"({len({n for _, _, n in ratios})} implementations): {worst[2]} at {worst[1]}")
-        return _verdict(target, row, ratios, cells)
-    if target.kind == "geomean":
+    elif target.kind == "geomean":
         row["value"] = geomean(r for r, _, _ in ratios)
         worst = min(ratios)
         row["detail"] = f"geomean of {len(ratios)} points; min {worst[0]:.2f} at {worst[1]}"
@@ -202,6 +207,8 @@ def _evaluate(target: Target, results: dict) -> dict:
     else:
         row["value"], _, winner = ratios[0]
         row["detail"] = f"at {target.point}" + (f" ({winner})" if len(target.numerator) > 1 else "")
+    if not_measurable:
+        row["detail"] += "; " + not_measurable
     return _verdict(target, row, ratios, cells)
 
 
@@ -295,6 +302,7 @@ def write_json(results: dict, path: str) -> None:
 
 
 def read_json(path: str) -> dict:
+    """A results file, checked (`check_results`): bad input gives one ValueError naming the file."""
     try:
         with open(path) as f:
             results = json.load(f)
@@ -302,12 +310,129 @@ def read_json(path: str) -> dict:
         raise ValueError(f"--from-json {path}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"--from-json {path}: not JSON ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--from-json {path}: not a text file ({e})") from None
+    check_results(results, path)
+    return results
+
+
+# ---------------------------------------------------------------------------- the file's shape
+# What the reports read from a results file, checked once when it is loaded, so the writers above
+# and below may index it freely: each field, what it must be, and whether it must be there. A
+# file that fails gets one line naming the file, the entry and the field (`dash-bench --from-json`
+# on a hand-edited or truncated file), never a traceback or a silently wrong report.
+class _Kind(NamedTuple):
+    test: Callable[[object], bool]
+    text: str
+
+
+def _number(v) -> bool:
+    return type(v) in (int, float)
+
+
+_STR = _Kind(lambda v: isinstance(v, str), "a string")
+_OPT_STR = _Kind(lambda v: v is None or isinstance(v, str), "a string or null")
+_OBJECT = _Kind(lambda v: isinstance(v, dict), "an object")
+_BOOL = _Kind(lambda v: type(v) is bool, "true or false")
+_OPT_BOOL = _Kind(lambda v: v is None or type(v) is bool, "true, false or null")
+_COUNT = _Kind(lambda v: type(v) is int and v >= 0, "an int >= 0")
+# Times, TFLOP/s, bytes, errors: a negative, NaN or infinite figure would flip a ratio's verdict.
+_FIGURE = _Kind(lambda v: _number(v) and math.isfinite(v) and v >= 0, "a finite number >= 0")
+_OPT_FIGURE = _Kind(lambda v: v is None or _FIGURE.test(v), "a finite number >= 0 or null")
+_STR_LIST = _Kind(lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")
+_FIGURE_LIST = _Kind(lambda v: isinstance(v, list) and all(_FIGURE.test(x) for x in v),
+                     "a list of finite numbers >= 0")
+_CLOCKS = _Kind(lambda v: isinstance(v, dict) and all(
+    w is None or (isinstance(w, dict) and _FIGURE.test(w.get("sm_mhz_median")) and _FIGURE.test(w.get("sm_mhz_min")))
+    for w in v.values()), "an object of {sm_mhz_median, sm_mhz_min} per timing")
+_DROPOUT_P = _Kind(lambda v: v is None or (_number(v) and 0 <= v < 1), "a number in [0, 1) or null")
+
+# name -> (kind, required)
+_TOP_FIELDS = {"format": (_STR, True), "env": (_OBJECT, True), "config": (_OBJECT, False),
+               "implementations": (_Kind(lambda v: isinstance(v, list), "a list"), True),
+               "points": (_Kind(lambda v: isinstance(v, list), "a list"), True),
+               "cells": (_Kind(lambda v: isinstance(v, list), "a list"), True),
+               "unavailable": (_Kind(lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+                                     "an object of strings"), False),
+               "merged_from": (_Kind(lambda v: isinstance(v, list) and all(isinstance(m, dict) for m in v),
+                                     "a list of objects"), False),
+               "clock_monitor": (_Kind(lambda v: v is None or isinstance(v, dict), "an object or null"), False)}
+_CONFIG_FIELDS = {"dropout_p": (_DROPOUT_P, False), "command": (_OPT_STR, False), "mode": (_OPT_STR, False)}
+_IMPL_FIELDS = {"name": (_STR, True), "description": (_STR, True), "family": (_OPT_STR, False),
+                "claims_deterministic": (_OPT_BOOL, False)}
+_POINT_FIELDS = {"key": (_STR, True), "row": (_STR, True), "mask": (_STR, True), "seqlen": (_COUNT, True),
+                 "batch": (_COUNT, True), "heads_q": (_COUNT, True), "heads_kv": (_COUNT, True),
+                 "hdim": (_COUNT, True)}
+_CELL_FIELDS = {"point": (_STR, True), "impl": (_STR, True), "status": (_STR, True),
+                **{f: (_FIGURE, False) for f in ("fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops", "max_rel_err",
+                                                 "seconds", "dropout_on_ms", "dropout_off_ms", "dropout_cost")},
+                **{f: (_OPT_FIGURE, False) for f in ("fwd_extra_bytes", "bwd_extra_bytes")},
+                **{f: (_COUNT, False) for f in ("det_runs", "det_mismatches", "dropout_det_runs",
+                                                "dropout_det_mismatches")},
+                "deterministic": (_BOOL, False), "dropout_deterministic": (_BOOL, False),
+                "plan_variants": (_STR_LIST, False), "fwd_ms_runs": (_FIGURE_LIST, False),
+                "sm_clock": (_CLOCKS, False), "error": (_STR, False), "kernel": (_OPT_STR, False),
+                "schedule_resolved": (_OPT_STR, False), "dropout_status": (_STR, False)}
+# Fields a cell must have once another says it measured: (condition, fields).
+_CELL_NEEDS = ((lambda c: c["status"] == "ok", ("deterministic", "det_runs", "det_mismatches")),
+               (lambda c: "dropout_deterministic" in c, ("dropout_det_runs", "dropout_det_mismatches")),
+               (lambda c: c.get("dropout_status") == "ok", ("dropout_on_ms", "dropout_off_ms", "dropout_cost")))
+
+
+def _check_fields(path: str, where: str, entry, fields: dict) -> None:
+    """`where`: the entry's place in the file ("cells[3]"; "" for the top level)."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path}: {where} is {type(entry).__name__} {entry!r:.60}, not an object")
+    for name, (kind, required) in fields.items():
+        if name not in entry:
+            if required:
+                raise ValueError(f"{path}: {where or 'the file'} has no {name!r}")
+        elif not kind.test(entry[name]):
+            raise ValueError(f"{path}: {where + '.' if where else ''}{name} = {entry[name]!r:.60} is not {kind.text}")
+
+
+def check_results(results, path: str) -> None:
+    """Refuse a results file the reports cannot read faithfully (ValueError, one line naming `path`):
+    a missing or mistyped field, a negative or non-finite figure, a cell given twice, a cell of
+    an unknown point or implementation, another format than FORMAT."""
     if not isinstance(results, dict):
         raise ValueError(f"{path}: not a dash-bench results file (not a JSON object)")
-    for field in ("format", "points", "cells", "implementations"):
-        if field not in results:
-            raise ValueError(f"{path}: not a dash-bench results file (no {field!r})")
-    return results
+    for name in ("format", "points", "cells", "implementations"):
+        if name not in results:
+            raise ValueError(f"{path}: not a dash-bench results file (no {name!r})")
+    if results["format"] != FORMAT:
+        raise ValueError(f"{path}: format {results['format']!r} is not {FORMAT!r}, the one dash-bench writes")
+    _check_fields(path, "", results, _TOP_FIELDS)
+    _check_fields(path, "config", results.get("config", {}), _CONFIG_FIELDS)
+    for n, m in enumerate(results.get("merged_from", [])):
+        _check_fields(path, f"merged_from[{n}]", m, {"command": (_OPT_STR, False), "date": (_OPT_STR, False)})
+    names, keys = set(), set()
+    for n, impl in enumerate(results["implementations"]):
+        _check_fields(path, f"implementations[{n}]", impl, _IMPL_FIELDS)
+        if impl["name"] in names:
+            raise ValueError(f"{path}: implementation {impl['name']!r} is listed twice")
+        names.add(impl["name"])
+    for n, point in enumerate(results["points"]):
+        _check_fields(path, f"points[{n}]", point, _POINT_FIELDS)
+        if point["key"] in keys:
+            raise ValueError(f"{path}: point {point['key']!r} is listed twice")
+        keys.add(point["key"])
+    seen = set()
+    for n, cell in enumerate(results["cells"]):
+        where = f"cells[{n}]"
+        _check_fields(path, where, cell, _CELL_FIELDS)
+        for applies, needed in _CELL_NEEDS:
+            missing = [f for f in needed if applies(cell) and f not in cell]
+            if missing:
+                raise ValueError(f"{path}: {where} ({cell['impl']} at {cell['point']}) has no {missing[0]!r}")
+        if cell["point"] not in keys:
+            raise ValueError(f"{path}: {where} is at point {cell['point']!r}, which is not in points")
+        if cell["impl"] not in names:
+            raise ValueError(f"{path}: {where} is of implementation {cell['impl']!r}, which is not in implementations")
+        # One cell per (point, implementation): a second would silently replace the first.
+        if (cell["point"], cell["impl"]) in seen:
+            raise ValueError(f"{path}: {where} gives {cell['impl']} at {cell['point']} a second time")
+        seen.add((cell["point"], cell["impl"]))
 
 
 def merge_results(parts: list[dict], names: list[str]) -> dict:
@@ -598,10 +723,15 @@ def write_plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
+def report_paths(out_dir: str, stem: str = "results") -> dict:
+    """{json, md, png: path} of the reports `write_reports` writes into out_dir."""
+    return {ext: os.path.join(out_dir, f"{stem}.{ext}") for ext in ("json", "md", "png")}
+
+
 def write_reports(results: dict, out_dir: str, *, command: Optional[str] = None, stem: str = "results") -> dict:
     """results.json, results.md, results.png in out_dir; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
-    paths = {ext: os.path.join(out_dir, f"{stem}.{ext}") for ext in ("json", "md", "png")}
+    paths = report_paths(out_dir, stem)
     summary = dropout_summary(results)
     write_json(results if summary is None else dict(results, dropout=summary), paths["json"])
     write_markdown(results, paths["md"], command=command)

@@ -25,8 +25,8 @@ import torch
 from .clocks import ClockMonitor
 from .peers import Impl, first_output
 from .protocol import Point
+from .report import FORMAT
 
-FORMAT = "dash-bench/1"
 MIB = 2.0 ** 20
 
 

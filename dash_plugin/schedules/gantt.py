@@ -60,7 +60,8 @@ def draw_gantt(result: SimResult, path: str, *, title: str = "", label_tiles: bo
     ax.add_collection(_bars(compute, edge, colours or "white"))
     ax.add_collection(_bars(reduction, edge, REDUCTION))
     ax.set_ylim(n - 0.5, -0.5)
-    ax.set_xlim(0, xmax if xmax is not None else max(result.makespan, 1e-9) * 1.01)
+    right = xmax if xmax is not None else result.makespan * 1.01
+    ax.set_xlim(0, right if right > 0 else 1.0)   # nothing to draw (makespan 0): still a valid axis
     ax.set_ylabel("SM (worker slot)")
     ax.set_xlabel("time (compute c, reduction r)")
     ax.axvline(result.makespan, color="red", linestyle="--", linewidth=1)

@@ -42,7 +42,7 @@ class Block:
 @dataclass
 class SimResult:
     makespan: float
-    num_sms: int
+    num_sms: int           # SMs of the model (a persistent grid may use fewer: the rest stay idle)
     busy: float            # sum of compute and reduction time
     wait: float            # sum of time spent spinning on a semaphore
     blocks: list[Block] = field(default_factory=list)
@@ -115,9 +115,13 @@ def simulate_plan(plan: LaunchPlan, *, c: float = 1.0, r: float = 0.5, record: b
     if plan.schedule is None:
         raise ValueError(f"the plan of {plan.spec.name!r} has no schedule: its backend sums in its own order")
     units = _units(plan.schedule, plan.shape.heads_q, plan.shape.heads_kv, plan.work_items())
-    if plan.persistent:
-        return _run(plan.schedule, units, plan.grid(plan.shape.batch)[0][0], c, r, "static", record)
-    return _run(plan.schedule, units, plan.resident_programs, c, r, "dynamic", record)
+    if not plan.persistent:
+        return _run(plan.schedule, units, plan.resident_programs, c, r, "dynamic", record)
+    result = _run(plan.schedule, units, plan.grid(plan.shape.batch)[0][0], c, r, "static", record)
+    # A grid smaller than the device leaves SMs idle: count them, so that the bubbles of a
+    # persistent plan and of a non-persistent one are shares of the same SMs.
+    result.num_sms = plan.resident_programs
+    return result
 
 
 def _run(schedule: Schedule, units, n_sm: int, c: float, r: float, assignment: str, record: bool) -> SimResult:
