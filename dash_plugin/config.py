@@ -216,8 +216,10 @@ def _first(field, kwarg, model_config, check):
 
 
 @torch.compiler.assume_constant_result   # torch.compile cannot trace warnings.warn: it runs once, when traced
-def _warn(message: str) -> bool:
-    warnings.warn(message, UserWarning, stacklevel=4)   # the caller of flash_attention
+def warn_user(message: str, stacklevel: int = 4) -> bool:
+    """A UserWarning (the default filter shows it once per place; default place: the caller of
+    flash_attention), also from code torch.compile traces."""
+    warnings.warn(message, UserWarning, stacklevel=stacklevel)
     return True
 
 
@@ -248,7 +250,7 @@ def resolve_config(*, schedule=None, deterministic=None, backend=None, model_con
             _resolved[key] = hit
     resolved, warning = hit
     if warning is not None:
-        _warn(warning)
+        warn_user(warning)
     return resolved
 
 

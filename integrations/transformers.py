@@ -31,7 +31,6 @@ from __future__ import annotations
 import importlib.abc
 import sys
 import threading
-import warnings
 import weakref
 from typing import NamedTuple
 
@@ -311,8 +310,9 @@ def _reject_unsupported(attention_mask, kwargs):
     if kwargs.get("output_attentions"):
         # As transformers' sdpa and flash paths: a warning, not an error (pipelines pass the flag
         # on), so that empty `attentions` are not a silent surprise.
-        _warn_once("dash attention does not return attention weights: output_attentions=True gives no "
-                   "`attentions`. Use attn_implementation='eager' to get them")
+        from dash_plugin.config import warn_user
+        warn_user("dash attention does not return attention weights: output_attentions=True gives no "
+                  "`attentions`. Use attn_implementation='eager' to get them", stacklevel=3)
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("dash attention does not support attention sinks (`s_aux`, e.g. gpt-oss); "
                                   "use attn_implementation='eager' for this model")
@@ -327,12 +327,6 @@ def _reject_unsupported(attention_mask, kwargs):
             f"attention_mask of shape {shape}. Custom 4-D masks are not supported: express padding with a 2-D "
             f"mask, packing with position_ids or cu_seq_lens_q/k, windows with the model's sliding_window, or "
             f"use attn_implementation='sdpa' / 'eager' for arbitrary masks")
-
-
-@torch.compiler.assume_constant_result   # torch.compile cannot trace warnings.warn: run once, when traced
-def _warn_once(message: str) -> bool:
-    warnings.warn(message, UserWarning, stacklevel=2)   # the default filter shows it once per place
-    return True
 
 
 def _window(sliding_window, causal, key_length):

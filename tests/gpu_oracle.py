@@ -36,13 +36,17 @@ def rel(a, b):
     return ((a.double().cpu() - b).norm() / b.norm()).item()
 
 
+def assert_error_within_bar(name, err, bar):
+    """An error `err` within twice plain math's error `bar` against the same reference."""
+    assert 0 < bar < float("inf"), f"{name}: plain math's error {bar} is no bar"
+    assert err <= 2 * bar, f"{name}: error {err:.2e} > 2 x plain math's {bar:.2e}"
+
+
 def assert_within_bar(name, got, want, bar):
     """`got` (any device and dtype, reshaped as `want`) within twice plain math's error `bar`
     of the float64 oracle `want`."""
-    assert 0 < bar < float("inf"), f"{name}: plain math's error {bar} is no bar"
     assert torch.isfinite(got).all(), f"{name}: NaN/inf"
-    err = rel(got.reshape(want.shape), want)
-    assert err <= 2 * bar, f"{name}: error {err:.2e} > 2 x plain math's {bar:.2e}"
+    assert_error_within_bar(name, rel(got.reshape(want.shape), want), bar)
 
 
 def assert_call_matches_oracle(q, k, v, out, **kw):

@@ -123,14 +123,15 @@ def test_env_values_are_stripped_like_the_yes_no_ones(monkeypatch):
 
 
 def test_a_backend_that_cannot_run_the_call_names_the_source_that_chose_it(monkeypatch):
-    q = k = v = torch.randn(1, 8, 2, 16)   # CPU: the Triton backend needs CUDA or its interpreter
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv("DASH_BACKEND", "triton")
-    with pytest.raises(ValueError, match=r"backend='triton' cannot run this call: .*\(backend='triton' from env "
+    # CPU tensors: the Hopper backend needs an sm90 GPU. (Not Triton without its interpreter: unsetting
+    # TRITON_INTERPRET here would leave Triton's driver choice wrong for the tests after this one.)
+    q = k = v = torch.randn(1, 8, 2, 64)
+    monkeypatch.setenv("DASH_BACKEND", "hopper")
+    with pytest.raises(ValueError, match=r"backend='hopper' cannot run this call: .*\(backend='hopper' from env "
                                          r"DASH_BACKEND\)$"):
         dash_plugin.flash_attention(q, k, v)
-    with pytest.raises(ValueError, match=r"backend='triton' cannot run this call: [^(]*CPU[^(]*$"):
-        dash_plugin.flash_attention(q, k, v, backend="triton")   # the caller's own argument: nothing to add
+    with pytest.raises(ValueError, match=r"backend='hopper' cannot run this call: needs an sm90 \(Hopper\) GPU$"):
+        dash_plugin.flash_attention(q, k, v, backend="hopper")   # the caller's own argument: nothing to add
 
 
 def test_bad_model_entry():

@@ -23,6 +23,7 @@ import os
 import pytest
 import torch
 
+from tests.gpu_oracle import assert_error_within_bar
 from tests.hardening_helpers import (LoadProcess, api_hashes, bitwise_equal, build_case, check_stuck_message,
                                      count_mismatching_passes, dense_inputs, hang_guard, hashes_in_fresh_process,
                                      inject_stuck_wait, record, varlen_inputs)
@@ -63,9 +64,8 @@ def assert_within_bars(errs, bars):
     """Each error within twice plain math's error against the same float32 reference (`bars` by
     name, a schedule prefix dropped: "split/dq/last_seq" takes the bar "dq/last_seq")."""
     for name, err in errs.items():
-        bar = bars[name.split("/", 1)[1] if name.startswith(("split/", "descending/")) else name]
-        assert 0 < bar < float("inf"), f"{name}: plain math's error {bar} is no bar"
-        assert err <= 2 * bar, f"{name}: error {err:.2e} > 2 x plain math's {bar:.2e}"
+        assert_error_within_bar(name, err, bars[name.split("/", 1)[1] if name.startswith(("split/", "descending/"))
+                                                 else name])
 
 
 def dense_plain_math_errors(q, k, v, do, kw, o32, g32, batches):

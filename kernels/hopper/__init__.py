@@ -17,22 +17,23 @@ from .visit_tables import (CLOSED_FORMS, RESIDENT_SLOTS, Unsupported, VisitTable
                            check_waits_follow_launch, closed_form_visits, tables_of, visits_every_q_tile)
 
 
-_available: list[bool] = []   # asked on every call's backend choice; installs do not change mid-process
+_available: bool | None = None   # asked on every call's backend choice; installs do not change mid-process
 
 
 # torch.compile traces the API's backend choice: it cannot trace find_spec, and it would trace
 # through an lru_cache (with a warning), so the answer is a constant of its graph, asked when
-# traced; the cache is a plain list for the same reason.
+# traced; the cache is a plain module value for the same reason.
 @torch.compiler.assume_constant_result
 def available() -> bool:
     """The packages the kernel compiles with are installed (the `hopper` extra). Looks for
     flash_attn.cute itself: FA2's `flash_attn` package alone does not have it."""
-    if not _available:
+    global _available
+    if _available is None:
         try:
-            _available.append(all(importlib.util.find_spec(m) is not None for m in ("cutlass", "flash_attn.cute")))
+            _available = all(importlib.util.find_spec(m) is not None for m in ("cutlass", "flash_attn.cute"))
         except ImportError:   # flash_attn absent, or a broken install of it
-            _available.append(False)
-    return _available[0]
+            _available = False
+    return _available
 
 
 def attention_forward(q, k, v, *, softmax_scale: float, causal: bool, window_left: int = -1,
