@@ -57,7 +57,12 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
         return q, torch.empty(2, seqlen, heads_kv, head_dim, dtype=torch.bfloat16, device="cuda")
 
     if kernel == "fwd":
-        from dash_plugin.kernels.hopper import fwd_sm90
+        from dash_plugin.kernels.hopper import dropout_sm90, fwd_sm90
+        for name, value in switches:
+            if name not in dropout_sm90.DropoutForwardSm90.SWITCHES:
+                raise SystemExit(f"--set {name}: not one of DropoutForwardSm90.SWITCHES "
+                                 f"({', '.join(dropout_sm90.DropoutForwardSm90.SWITCHES)})")
+            setattr(dropout_sm90.DropoutForwardSm90, name, value)
         fwd_sm90._compile = _without_launch(fwd_sm90._compile)
         fwd_sm90.GRID = grid
         fwd_sm90.TAIL_ALIGN = tail_align
@@ -129,8 +134,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-tail-align", action="store_true",
                     help="fwd: FA4's Q tiling even where tail-aligned tiles cut KV steps (fwd_sm90.TAIL_ALIGN)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", type=_switch,
-                    help="bwd: set an OrderedBackwardSm90 switch (a Python literal, else a string), e.g. "
-                         "READ_TURN_AHEAD=False; repeatable")
+                    help="set a switch of the kernel class (bwd: OrderedBackwardSm90, fwd: DropoutForwardSm90; "
+                         "a Python literal, else a string), e.g. READ_TURN_AHEAD=False; repeatable")
     args = ap.parse_args(argv)
     if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
         print("set CUTE_DSL_ARCH=sm_90a (no GPU here to ask)", file=sys.stderr)
@@ -151,6 +156,13 @@ def main(argv=None) -> int:
                 f.write(sass)
     print(f"{args.kernel} hdim{args.head_dim} {'full' if args.full else 'causal'} dropout={args.dropout}: "
           + " ".join(f"{k}={v}" for k, v in counts.items()))
+    regs = re.findall(r"USETMAXREG\.\w+\.CTAPOOL (?:U?P\w+, )?(0x[0-9a-f]+)", sass)
+    if regs:   # setmaxnreg's targets: the producer warpgroup's, then the consumers'
+        print("register split (setmaxnreg):", " / ".join(str(int(r, 16)) for r in regs))
+    if args.kernel == "fwd":
+        from dash_plugin.kernels.hopper import draw_warps_sm90
+        for (cls, tile_m, tile_n), (fitted, size) in draw_warps_sm90.RING_FITS.items():
+            print(f"draw ring {cls} {tile_m}x{tile_n}: {'fits' if fitted else 'does not fit'} ({size} bytes)")
     return 0
 
 
