@@ -16,9 +16,10 @@ Backward (bwd_sm90.OrderedBackwardSm90):
               ones with dropout (tile_table.DROPOUT_FULL_TILES). Its bits differ from the
               product's (other tiles, other sums), which the bits check reports.
 
-(Removed forward variants, slower than `converted`: `draw-warps` (commit 476deaa), the words
-drawn by the producer warpgroup's three idle warps into shared memory
-(docs/benchmarks/dropout-forward-2026-11-24-h100/); `ahead` (commit c92b81f and the one after it),
+(Removed forward variants, slower than `converted`: `draw-warps` (commit 476deaa, and with
+56-64 registers for the drawing warps commit f71500c), the words drawn by the producer
+warpgroup's three idle warps into shared memory (docs/benchmarks/dropout-forward-2026-11-24-h100/,
+docs/benchmarks/dropout-draw-warps-2026-11-26-h200/); `ahead` (commit c92b81f and the one after it),
 the words drawn while the step's products run (docs/benchmarks/dropout-overlap-2026-11-24-h100/).)
 
 All give the same bits (checked here: each variant's outputs against the first's; the mask is
@@ -51,22 +52,13 @@ _PRODUCT_FULL_TILES = dict(tile_table.DROPOUT_FULL_TILES)
 # kernel -> (class whose switches are set, module whose compile cache is swapped, the product's
 # switches, variants' switches)
 KERNELS = {
-    "fwd": (dropout_sm90.DropoutForwardSm90, fwd_sm90,
-            dict(DROP_CONVERTED=True, DRAW_WARPS=False, PRODUCER_REGISTERS=56, GENERATOR_UNROLL=4,
-                 GENERATOR_DRAWS=True),
-            {"converted": {}, "scores": dict(DROP_CONVERTED=False),
-             "draw-warps": dict(DRAW_WARPS=True),
-             "draw-warps-64": dict(DRAW_WARPS=True, PRODUCER_REGISTERS=64),
-             "draw-warps-u2": dict(DRAW_WARPS=True, GENERATOR_UNROLL=2),
-             "ring-floor": dict(DRAW_WARPS=True, GENERATOR_DRAWS=False)}),
+    "fwd": (dropout_sm90.DropoutForwardSm90, fwd_sm90, dict(DROP_CONVERTED=True),
+            {"converted": {}, "scores": dict(DROP_CONVERTED=False)}),
     "bwd": (bwd_sm90.OrderedBackwardSm90, bwd_sm90, dict(AHEAD_UNITS=None, DROPOUT_FULL_TILES=_PRODUCT_FULL_TILES),
             {"ahead": {}, "ahead-4": dict(AHEAD_UNITS=4), "inline": dict(AHEAD_UNITS=0),
              "full-80": dict(DROPOUT_FULL_TILES={})}),
 }
 _MODULE_SWITCHES = {"DROPOUT_FULL_TILES": tile_table}   # switches that are module attributes
-# Variants whose outputs are not the product's mask by design: no dropout, and the ring's
-# consumers timed with generators that draw no Philox rounds.
-TIMING_ONLY = ("without", "ring-floor")
 
 
 def _point(text):
@@ -118,7 +110,7 @@ def main(out_dir, points, rounds, kernel="fwd", variants=None):
                 call = _calls(kernel, point, inputs[point], p_drop)
                 _set_switches(kernel, variant, switches)
                 out = call()
-                if variant not in TIMING_ONLY:   # every variant must give the same bits
+                if variant != "without":   # every variant must give the same bits
                     same = outputs.setdefault(point, out)
                     if not all(torch.equal(a, b) for a, b in zip(same if isinstance(same, tuple) else (same,),
                                                                   out if isinstance(out, tuple) else (out,))):
@@ -138,9 +130,6 @@ def main(out_dir, points, rounds, kernel="fwd", variants=None):
               "; ".join(f"{v} {ms[v]:.3f} ms ({ms[v] / ms['without']:.3f}x)" for v in variants),
               f"; bits differ: {sorted(mismatched[(hd, causal, s)])}" if mismatched[(hd, causal, s)] else
               "; same bits", flush=True)
-    from dash_plugin.kernels.hopper import draw_warps_sm90
-    if draw_warps_sm90.RING_FITS:
-        print("draw ring (kernel, tile_m, tile_n) -> (fitted, shared bytes):", draw_warps_sm90.RING_FITS, flush=True)
     with open(os.path.join(out_dir, f"dropout_{kernel}.json"), "w") as f:
         json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, kernel=kernel, rounds=rounds,
                        results=results), f, indent=1)

@@ -159,10 +159,6 @@ def main(argv=None) -> int:
     regs = re.findall(r"USETMAXREG\.\w+\.CTAPOOL (?:U?P\w+, )?(0x[0-9a-f]+)", sass)
     if regs:   # setmaxnreg's targets: the producer warpgroup's, then the consumers'
         print("register split (setmaxnreg):", " / ".join(str(int(r, 16)) for r in regs))
-    if args.kernel == "fwd":
-        from dash_plugin.kernels.hopper import draw_warps_sm90
-        for (cls, tile_m, tile_n), (fitted, size) in draw_warps_sm90.RING_FITS.items():
-            print(f"draw ring {cls} {tile_m}x{tile_n}: {'fits' if fitted else 'does not fit'} ({size} bytes)")
     return 0
 
 

@@ -30,7 +30,6 @@ from quack import layout_utils
 
 from ..philox import (_KEY_A, _KEY_B, _ROUND_A, _ROUND_B, DROPOUT_BITS, GROUP_BITS, PHILOX_ROUNDS, dropout_threshold,
                       four_draws_bias, four_draws_kept)
-from . import draw_warps_sm90
 from .fa4_calls import call_arguments
 
 
@@ -71,18 +70,6 @@ def _philox(c0, c1, c2, c3, k0, k1):
     return c0, c1, c2, c3
 
 
-def group_words(query, key, head, batch, key0, key1):
-    """The four Philox words of the group holding score (query, key) under the seed (key0, key1)."""
-    return _philox(Uint32(key) & Uint32(_GROUP_CLEAR), Uint32(query) & Uint32(_GROUP_CLEAR),
-                   Uint32(head), Uint32(batch), key0, key1)
-
-
-def unmixed_words(query, key, head, batch, key0, key1):
-    """Timing only (DropoutForwardSm90.GENERATOR_DRAWS off): words with no Philox rounds, so a
-    probe can time the draw ring's consumers with generators that cost nothing. Not the mask."""
-    return Uint32(query) ^ key0, Uint32(key) ^ key1, Uint32(head), Uint32(batch)
-
-
 # Bits of a word above its top draw: shifting byte b up by 8 * (3 - b) puts it on top, where one
 # unsigned compare with threshold << 24 decides it without isolating it first.
 _TOP_SHIFT = 32 - DROPOUT_BITS
@@ -107,7 +94,8 @@ class DropoutParams:
 
     def group_words(self, query, key, head, batch):
         """The four Philox words of the group holding score (query, key)."""
-        return group_words(query, key, head, batch, self.key0, self.key1)
+        return _philox(Uint32(key) & Uint32(_GROUP_CLEAR), Uint32(query) & Uint32(_GROUP_CLEAR),
+                       Uint32(head), Uint32(batch), self.key0, self.key1)
 
     def kept(self, word, byte):
         """Whether draw `byte` (0-3, known at trace time or not) of `word` keeps its score."""
@@ -253,16 +241,15 @@ def _mn_places(acc: cute.Tensor) -> list:
     return [place[cute.crd2idx(k, frg)] for k in range(cute.size(frg))]
 
 
-def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop, words=None):
+def drop_converted(tOrP: cute.Tensor, acc: cute.Tensor, coords_mn: cute.Tensor, head, batch, drop):
     """Dropout on the forward's P after its conversion to 16 bits (`tOrP`, converted from `acc`,
     rows = queries): dropped entries -> 0. A converted pair (i, j), (i, j+1) is one 32-bit
     register, and its two draws sit at the same byte of the thread's two words of their group
     (column parity 0 and 1), so kept_draws compares four draws at once, one PRMT spreads the two
     verdicts over the pair's halves and one AND applies them: 1.75 instructions a score where
-    the 32-bit path (_drop_quads) takes 2.75. `words`: the step's words drawn already (MaskWords'
-    form); None: drawn here."""
-    units = quad_words(coords_mn, head, batch, drop, rows_are_queries=True) if words is None else words.all()
-    kept = {place: (drop.kept_draws(w[0]), drop.kept_draws(w[1])) for place, w in units}
+    the 32-bit path (_drop_quads) takes 2.75."""
+    kept = {place: (drop.kept_draws(w[0]), drop.kept_draws(w[1]))
+            for place, w in quad_words(coords_mn, head, batch, drop, rows_are_queries=True)}
     places = _mn_places(acc)
     pairs = cute.recast_tensor(tOrP, Uint32)
     for i in range(cute.size(pairs)):
@@ -408,102 +395,22 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
     # before the converted one); on in the product. (Drawing the mask while the step's products
     # run, as the backward does at hdim 64, made this forward slower: see MaskWords.)
     DROP_CONVERTED = True
-    # Draw warps (draw_warps_sm90): the producer warpgroup's three idle warps draw each step's
-    # words into a shared-memory ring and the consumers only apply them, where the ring fits.
-    # PRODUCER_REGISTERS: the producer warpgroup's registers a thread with the ring (the consumers
-    # take what is left, in steps of 8; FA4 gives the producers 24-32); GENERATOR_UNROLL: Philox
-    # chains a generator thread interleaves. GENERATOR_DRAWS off: timing only, words without
-    # Philox (not the mask), to time the consumers' side alone.
-    DRAW_WARPS = False
-    PRODUCER_REGISTERS = 56
-    GENERATOR_UNROLL = 4
-    GENERATOR_DRAWS = True
-    _REGISTERS_PER_SM = 65536
-    SWITCHES = ("DROP_CONVERTED", "DRAW_WARPS", "PRODUCER_REGISTERS", "GENERATOR_UNROLL", "GENERATOR_DRAWS")
+    SWITCHES = ("DROP_CONVERTED",)   # the class-level switches scripts set (sass_counts.py --set)
 
     def __init__(self, *args, threshold_above_half: bool = False, **kwargs):
         self.threshold_above_half = threshold_above_half
-        self.draw_warps = False
         super().__init__(*args, **kwargs)
-
-    def _get_shared_storage_cls(self):
-        """FA4's shared storage, with the draw ring where it fits beside the tiles."""
-        struct = super()._get_shared_storage_cls()
-        self.draw_warps = False
-        if self.DRAW_WARPS:
-            with_ring = draw_warps_sm90.with_ring(struct, draw_warps_sm90.ring_fields(
-                self.tile_n, self.num_mma_threads, self.num_stages))
-            if with_ring.__sizeof__() <= draw_warps_sm90.SHARED_MEMORY_BYTES:
-                struct, self.draw_warps = with_ring, True
-            draw_warps_sm90.RING_FITS[(type(self).__name__, self.tile_m, self.tile_n)] = (
-                self.draw_warps, with_ring.__sizeof__())
-        self._storage_cls = struct
-        return struct
-
-    def _ring(self, sQ):
-        return draw_warps_sm90.DrawRing(draw_warps_sm90.storage_of(self._storage_cls, sQ), self.tile_m, self.tile_n,
-                                        self.num_mma_threads, self.num_stages, self.GENERATOR_UNROLL)
-
-    # FA4's __call__ sets the register split; with the ring the producers get PRODUCER_REGISTERS
-    # and the consumers what is left (read when the kernel is traced, after the shared storage
-    # decided on the ring).
-    @property
-    def num_producer_regs(self):
-        if not self.draw_warps:
-            return self._producer_regs
-        return max(self._producer_regs, self.PRODUCER_REGISTERS)
-
-    @num_producer_regs.setter
-    def num_producer_regs(self, value):
-        self._producer_regs = value
-
-    @property
-    def num_mma_regs(self):
-        if not self.draw_warps:
-            return self._mma_regs
-        # The CTA's register pool is what it was launched with: its threads times the registers
-        # each may take (multiples of 8), 168 x 384 = 64,512 with two consumer warpgroups. A
-        # setmaxnreg that asks for more than the pool holds waits for ever.
-        threads = self.num_mma_threads + 128
-        pool = threads * (self._REGISTERS_PER_SM // threads // 8 * 8)
-        left = (pool - 128 * self.num_producer_regs) // self.num_mma_threads
-        return min(self._mma_regs, left - left % 8)   # setmaxnreg takes multiples of 8
-
-    @num_mma_regs.setter
-    def num_mma_regs(self, value):
-        self._mma_regs = value
-
-    @cute.jit
-    def load(self, *args, **kwargs):
-        """FA4's loader in warp 0 of the producer warpgroup; with the draw ring, warps 1-3 draw."""
-        if const_expr(not self.draw_warps):
-            FlashAttentionForwardSm90.load(self, *args, **kwargs)
-        else:
-            arguments = call_arguments(FlashAttentionForwardSm90.load, self, args, kwargs)
-            warp_in_group = cute.arch.make_warp_uniform(cute.arch.warp_idx()) % 4
-            if warp_in_group == 0:
-                FlashAttentionForwardSm90.load(self, *args, **kwargs)
-            else:
-                draw = group_words if const_expr(self.GENERATOR_DRAWS) else unmixed_words
-                self._ring(arguments["sQ"]).generate(draw, arguments["block_info"],
-                                                     arguments["SeqlenInfoCls"], arguments["TileSchedulerCls"])
 
     def mma(self, *args, **kwargs):
         # Trace-time state: values traced here dominate every per-tile step traced inside.
         self._drop, arguments = drop_params_of_mma(FlashAttentionForwardSm90.mma, self, args, kwargs,
                                                    self.threshold_above_half)
-        self._tidx = arguments["tidx"]
-        self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(self._tidx)
-        self._draws = None
-        if self.draw_warps:
-            self._draws = self._ring(arguments["sQ"])
-            self._draws.set_up(self._tidx, self._drop)
+        self._thr_mma_qk = arguments["tiled_mma_qk"].get_slice(arguments["tidx"])
         return super().mma(*args, **kwargs)
 
-    def _dropping(self, kwargs, k_state, converted: bool):
+    def _dropping(self, kwargs, converted: bool):
         """kwargs of a per-tile step with its softmax replaced by one that also drops, on the
-        converted P when `converted` and the step reads P from registers. `k_state`: the step's
-        K pipeline state, whose stage and phase are the draw ring's. The tile's (batch,
+        converted P when `converted` and the step reads P from registers. The tile's (batch,
         head, query tile) are noted from FA4's mask function when the step gets one."""
         mask_fn, n_block = kwargs.get("mask_fn"), kwargs["n_block"]
         if mask_fn is not None:
@@ -516,12 +423,10 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         converted = converted and self.DROP_CONVERTED and self.mma_pv_is_rs and not self.rescale_O_before_gemm
 
         def apply(acc_S):
-            words = None if self._draws is None else self._draws.read(self._tidx, k_state)
             if converted:
-                drop_converted(kwargs["tOrP"], acc_S, coords_mn, head, batch, self._drop, words)
+                drop_converted(kwargs["tOrP"], acc_S, coords_mn, head, batch, self._drop)
             else:
-                drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False,
-                            words=words)
+                drop_scores(acc_S, coords_mn, head, batch, self._drop, rows_are_queries=True, negate=False)
         return dict(kwargs, softmax=_DroppingSoftmax(kwargs["softmax"], apply, converted))
 
     def epilogue(self, acc_O, *args, **kwargs):
@@ -529,13 +434,10 @@ class DropoutForwardSm90(FlashAttentionForwardSm90):
         return super().epilogue(acc_O, *args, **kwargs)
 
     def first_half_block_overlap(self, **kwargs):
-        return super().first_half_block_overlap(**self._dropping(kwargs, kwargs["kv_consumer_state"], converted=False))
+        return super().first_half_block_overlap(**self._dropping(kwargs, converted=False))
 
     def mma_one_n_block(self, smem_pipe_read, **kwargs):
-        return super().mma_one_n_block(smem_pipe_read, **self._dropping(kwargs, smem_pipe_read, converted=True))
+        return super().mma_one_n_block(smem_pipe_read, **self._dropping(kwargs, converted=True))
 
     def mma_one_n_block_intrawg_overlap(self, smem_pipe_read, **kwargs):
-        k_state = smem_pipe_read.clone()   # the step loads K into the stage after the one it is handed
-        k_state.advance()
-        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read,
-                                                       **self._dropping(kwargs, k_state, converted=True))
+        return super().mma_one_n_block_intrawg_overlap(smem_pipe_read, **self._dropping(kwargs, converted=True))
