@@ -41,6 +41,12 @@ def count(sass_text: str) -> dict:
     return counts
 
 
+def register_split(sass_text: str) -> list:
+    """The registers a thread that `setmaxnreg` asks for, in the listing's order (the producer
+    warpgroup's decrease first, then the consumers' increases): the kernel's register split."""
+    return [int(r, 16) for r in re.findall(r"USETMAXREG\.\w+\.CTAPOOL (?:U?P\w+, )?(0x[0-9a-f]+)", sass_text)]
+
+
 def _without_launch(compile_fn):
     """`compile_fn` that compiles as before and returns a kernel that launches nothing."""
     return lambda *a, **kw: (compile_fn(*a, **kw), lambda *args: None)[1]
@@ -156,9 +162,9 @@ def main(argv=None) -> int:
                 f.write(sass)
     print(f"{args.kernel} hdim{args.head_dim} {'full' if args.full else 'causal'} dropout={args.dropout}: "
           + " ".join(f"{k}={v}" for k, v in counts.items()))
-    regs = re.findall(r"USETMAXREG\.\w+\.CTAPOOL (?:U?P\w+, )?(0x[0-9a-f]+)", sass)
-    if regs:   # setmaxnreg's targets: the producer warpgroup's, then the consumers'
-        print("register split (setmaxnreg):", " / ".join(str(int(r, 16)) for r in regs))
+    split = register_split(sass)
+    if split:
+        print("register split (setmaxnreg):", " / ".join(map(str, split)))
     return 0
 
 

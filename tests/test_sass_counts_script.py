@@ -29,3 +29,14 @@ def test_counts_instructions_families_and_spills():
     assert counts["SHFL"] == 1 and counts["SHF"] == 1   # SHF is not a prefix of SHFL's family
     assert counts["STL"] == 2 and counts["LDL"] == 1
     assert counts["FSEL"] == 1 and counts["MUFU.EX2"] == 1
+
+
+def test_register_split_reads_setmaxnreg_targets_in_order():
+    listing = """
+        /*0520*/                   USETMAXREG.DEALLOC.CTAPOOL 0x18 ;
+        /*0530*/                   IMAD R1, R1, 0x2, RZ ;
+        /*2f00*/                   USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0 ;
+"""
+    script = load_script("sass_counts")
+    assert script.register_split(listing) == [24, 240]
+    assert script.register_split(LISTING) == []
