@@ -737,10 +737,12 @@ def tiles(head_dim: int, causal: bool, local: bool = False, dropout: bool = Fals
     """FA4's sm90 config for (head dim, mask); its block sizes must be our committed table's,
     or the plan would not be the order the kernel runs. Where our table gives a full mask with
     dropout the masked tiles, FA4's config for masked tiles is taken (it differs from the full
-    one in its tiles alone; the mask itself is passed apart)."""
+    one in its tiles alone; the mask itself is passed apart). Likewise a masked call whose tiles
+    are the full masks' (a probe's table) takes FA4's config for those."""
     ours = bwd_tiles(head_dim, causal or local, dropout)
-    masked_config = causal or local or ours == bwd_tiles(head_dim, True)
-    cfg = fa4._tile_size_bwd_sm90(head_dim, head_dim, masked_config, local)
+    cfg = fa4._tile_size_bwd_sm90(head_dim, head_dim, True, local)
+    if (cfg.m_block_size, cfg.n_block_size) != ours:
+        cfg = fa4._tile_size_bwd_sm90(head_dim, head_dim, False, local)
     if (cfg.m_block_size, cfg.n_block_size) != ours:
         raise RuntimeError(f"flash-attn-4's sm90 tiles {cfg.m_block_size}x{cfg.n_block_size} for "
                            f"head_dim={head_dim} differ from ours {ours}: "
