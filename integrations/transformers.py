@@ -10,15 +10,19 @@
 The attention function turns what the layer gives it into one call of :func:`dash_plugin.flash_attention`:
 
 - padded batch (2-D mask): the padding tokens are removed ("unpadded") into the varlen layout with
-  ``cu_seqlens``; the output is scattered back, padding rows are zero;
-- packed batch: ``cu_seq_lens_q/k`` + ``max_length_q/k`` (``DataCollatorWithFlattening(return_flash_attn_kwargs=
-  True)``), or ``position_ids`` that restart inside a row: each run of consecutive positions is one sequence;
+  ``cu_seqlens``; the output is scattered back, padding rows are zero. In cross-attention the mask is the
+  encoder's: every decoder query is kept and sees its row's real encoder tokens;
+- packed batch: ``cu_seq_lens_q/k`` (+ ``max_length_q/k``, read from the offsets where missing;
+  ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``), or ``position_ids`` that restart inside a
+  row: each run of consecutive positions is one sequence;
 - otherwise the dense (B, S, H, D) layout. With a KV cache (decode, chunked prefill) ``S_q < S_kv`` and the
   causal mask is aligned bottom-right, as in flash-attn. A static cache's unused key slots are cut
   (from the mask when there is padding, else from ``position_ids``).
 
 K/V are never expanded for GQA. Sliding windows, softcap, custom scaling and dropout (training only) are
-forwarded. Per-call ``deterministic=``, ``dash_schedule=`` and ``dash_backend=`` keywords given to ``model(...)``
+forwarded. Mask overlays that none of these express (Llama 4's chunks past the first chunk, bidirectional
+image-token blocks) are refused by the mask builder rather than dropped.
+Per-call ``deterministic=``, ``dash_schedule=`` and ``dash_backend=`` keywords given to ``model(...)``
 reach this function and are forwarded; the model config goes along as ``model_config`` so its ``dash_attention`` entry
 is one of the config switch's sources.
 
@@ -214,12 +218,63 @@ def dash_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0
     ``None`` is returned when nothing is padded and the mask covers the keys exactly; a mask shorter than
     the keys (static cache) is kept so that the attention function can cut the unused cache slots.
     """
+    _reject_mask_overlays(mask_function, kv_length + kv_offset, kwargs.get("config"))
     if attention_mask is None:
         return None
     mask = attention_mask[:, -kv_length:].bool()
     if mask.shape[1] == kv_length and bool(mask.all()):
         return None
     return mask
+
+
+def _mask_parts(mask_function):
+    """Every function a transformers mask function is built from. ``and_masks``/``or_masks`` and the
+    overlay factories keep their parts in closures (a function, or a tuple of them)."""
+    parts, todo = [], [mask_function]
+    while todo:
+        fn = todo.pop()
+        parts.append(fn)
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:   # a cell not filled yet
+                continue
+            todo.extend(v for v in (value if isinstance(value, tuple) else (value,)) if hasattr(v, "__code__"))
+    return parts
+
+
+def _reject_mask_overlays(mask_function, kv_end, config):
+    """The mask builder gets the model's whole mask pattern, but the attention function can only apply
+    causal / window / padding / packing. Two transformers overlays go beyond that and would be dropped in
+    silence: chunked attention (Llama 4) and bidirectional blocks (image tokens, e.g. Gemma 3). As on
+    transformers' flash path, chunks are refused only where the keys reach past the first chunk (before
+    that they change nothing)."""
+    if mask_function is None:
+        return
+    for fn in _mask_parts(mask_function):
+        name = getattr(fn, "__qualname__", "")
+        if name.startswith("chunked_overlay."):
+            chunk = getattr(config, "attention_chunk_size", None)
+            if chunk is None or kv_end > chunk:
+                raise ValueError(
+                    f"dash attention does not support chunked attention: attention_chunk_size={chunk} with "
+                    f"{int(kv_end)} key positions; allowed: at most attention_chunk_size key positions. Use "
+                    f"attn_implementation='sdpa' or 'eager' for longer inputs")
+        elif name.startswith("blockwise_overlay."):
+            groups = _closure_tensor(fn)
+            if groups is None or bool((groups >= 0).any()):
+                raise ValueError(
+                    "dash attention does not support bidirectional attention blocks (block_sequence_ids, e.g. "
+                    "image tokens of Gemma 3) inside a causal mask; allowed: causal, sliding-window, padding and "
+                    "packing masks. Use attn_implementation='sdpa' or 'eager' for this input")
+
+
+def _closure_tensor(fn):
+    """The tensor a mask overlay closes over (the block ids of ``blockwise_overlay``), or None."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        if isinstance(cell.cell_contents, torch.Tensor):
+            return cell.cell_contents
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,9 +340,8 @@ def dash_attention_forward(module, query, key, value, attention_mask, dropout=0.
 
     if attention_mask is not None:
         out = _padded_forward(q, k, v, attention_mask, call)
-    elif all(kwargs.get(n) is not None for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")):
-        out = _varlen_forward(q, k, v, kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"],
-                              kwargs["max_length_q"], kwargs["max_length_k"], call)
+    elif kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seq_lens_k") is not None:
+        out = _varlen_forward(q, k, v, *_packed_from_kwargs(kwargs), call)
     else:
         packed = _packed_from_position_ids(kwargs.get("position_ids"), batch, q_len)
         if packed is not None:
@@ -304,6 +358,23 @@ def dash_attention_forward(module, query, key, value, attention_mask, dropout=0.
     if v_head_dim != head_dim:
         out = out[..., :v_head_dim]
     return out.contiguous(), None
+
+
+def _packed_from_kwargs(kwargs):
+    """``cu_seq_lens_q/k`` and ``max_length_q/k`` as the model got them. The offsets alone already say
+    where each sequence starts: missing maximum lengths are read from them (ignoring the offsets would
+    let the packed sequences attend to each other)."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is None or cu_k is None:
+        given, missing = ("cu_seq_lens_q", "cu_seq_lens_k") if cu_k is None else ("cu_seq_lens_k", "cu_seq_lens_q")
+        raise ValueError(f"dash attention: {given} was given without {missing}; packed sequences need both "
+                         f"(equal for self-attention), or neither")
+    max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+    if max_q is None:
+        max_q = int(cu_q.diff().max())
+    if max_k is None:
+        max_k = int(cu_k.diff().max())
+    return cu_q, cu_k, max_q, max_k
 
 
 def _reject_unsupported(attention_mask, kwargs):
@@ -363,20 +434,27 @@ def _padded_forward(q, k, v, mask, call):
     """2-D padding mask: drop the padding tokens, run varlen, put the outputs back in place.
 
     The mask covers the keys. A mask shorter than the keys means a static cache whose tail slots are
-    unused: they are cut. The queries are the last ``S_q`` key positions (true with any KV cache), so
-    their mask is the mask's last ``S_q`` columns; bottom-right causal alignment then holds per sequence
-    for left padding (generation) and for right padding without a cache (training).
+    unused: they are cut. In a causal layer the queries are the last ``S_q`` key positions (true with any
+    KV cache), so their mask is the mask's last ``S_q`` columns; bottom-right causal alignment then holds
+    per sequence for left padding (generation) and for right padding without a cache (training).
+    A bidirectional layer without a window keeps every query (cross-attention: the mask is the
+    encoder's); each one sees the real keys of its row, as in eager attention, padding rows included.
     """
     batch, q_len = q.shape[:2]
     if mask.shape[0] != batch:
         raise ValueError(f"dash attention: attention_mask has batch size {mask.shape[0]}, the queries {batch}")
     kv_len = mask.shape[1]
-    if kv_len < q_len or kv_len > k.shape[1]:
+    # Causal and windowed layers place each query at a key position (the last S_q ones); elsewhere a
+    # query needs no place: every one is kept and sees its row's real keys (cross-attention, whose mask
+    # is the encoder's, even where the decoder happens to be as long as the encoder).
+    queries_are_keys = call["causal"] or call["window"] != (-1, -1)
+    if (queries_are_keys and kv_len < q_len) or kv_len > k.shape[1]:
         raise ValueError(f"dash attention: attention_mask covers {kv_len} positions; it must cover the keys "
                          f"({k.shape[1]}) and at least the queries ({q_len})")
     if k.shape[1] > kv_len:
         k, v = k[:, :kv_len], v[:, :kv_len]
-    unpad = _once_per_tensor("padding", mask, (q_len,), lambda: _unpadding(mask, q_len))
+    unpad = _once_per_tensor("padding", mask, (q_len, queries_are_keys),
+                             lambda: _unpadding(mask, q_len, queries_are_keys))
     out = _flash_attention(
         _gather_tokens(q, unpad.idx_q), _gather_tokens(k, unpad.idx_k), _gather_tokens(v, unpad.idx_k),
         cu_seqlens_q=unpad.cu_seqlens_q, cu_seqlens_k=unpad.cu_seqlens_k,
@@ -393,12 +471,16 @@ class _Unpadding(NamedTuple):
     max_seqlen_k: int
 
 
-def _unpadding(mask, q_len) -> _Unpadding:
+def _unpadding(mask, q_len, queries_are_keys=True) -> _Unpadding:
     """Where the tokens of a (B, S_kv) padding mask go in the varlen layout; the queries are the
-    last ``q_len`` key positions. Reads the lengths to the host (waits for the GPU)."""
+    last ``q_len`` key positions, or (``queries_are_keys=False``) every query is kept. Reads the
+    lengths to the host (waits for the GPU)."""
     mask = mask.bool()
-    mask_q = mask[:, -q_len:]
-    same = q_len == mask.shape[1]
+    if queries_are_keys:
+        mask_q = mask[:, -q_len:]
+    else:
+        mask_q = torch.ones(mask.shape[0], q_len, dtype=torch.bool, device=mask.device)
+    same = queries_are_keys and q_len == mask.shape[1]   # the queries are the keys' tokens
     idx_k = torch.nonzero(mask.reshape(-1)).flatten()
     idx_q = idx_k if same else torch.nonzero(mask_q.reshape(-1)).flatten()
     len_k = mask.sum(-1, dtype=torch.int32)

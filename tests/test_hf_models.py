@@ -463,7 +463,8 @@ def test_padding_mask_is_unpadded_once_per_forward(saved, calls, monkeypatch):
     of the mask, or another query length, computes it again."""
     computed = []
     unpadding = dash_hf._unpadding
-    monkeypatch.setattr(dash_hf, "_unpadding", lambda mask, q_len: computed.append(q_len) or unpadding(mask, q_len))
+    monkeypatch.setattr(dash_hf, "_unpadding",
+                        lambda mask, q_len, *rest: computed.append(q_len) or unpadding(mask, q_len, *rest))
     model = load(saved["llama"], "dash")
     ids, mask = pad_batch(tokens([9, 4, 6], seed=4), "right")
     with torch.no_grad():
