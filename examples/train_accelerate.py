@@ -117,6 +117,8 @@ def parse_args(argv=None):
         step, _, name = args.perturb.partition(":")
         if not step.isdigit() or not name:
             p.error(f"--perturb={args.perturb!r} is not allowed; use STEP:PARAM_NAME, e.g. 3:model.norm.weight")
+        if not 1 <= int(step) <= args.steps:  # a step that never comes would perturb nothing, silently
+            p.error(f"--perturb={args.perturb!r} is not allowed; its STEP must be in 1..--steps ({args.steps})")
         args.perturb = (int(step), name)
     return args
 
@@ -291,6 +293,8 @@ def main(argv=None) -> int:
     # Digests by name from the unwrapped module: its parameters are the ones DDP trains.
     named = list(accelerator.unwrap_model(model).named_parameters())
     names = [n for n, _ in named]
+    if args.perturb and args.perturb[1] not in names:  # now, not when its step comes
+        raise SystemExit(f"--perturb: no parameter named {args.perturb[1]!r}; parameters: {', '.join(names)}")
 
     start_step, epoch, index = 0, 0, 0
     steps_log = out / "steps.jsonl"
@@ -300,6 +304,11 @@ def main(argv=None) -> int:
         check_resume_args(state["args"], args)  # before loading: weights of another size would not fit
         load_checkpoint(ckpt, accelerator, model, optimizer)
         start_step, epoch, index = state["step"], state["epoch"], state["next_index"]
+        if args.stop_at is not None and args.stop_at <= start_step:
+            # The loop would never reach it: the run would train to the end and save neither weights nor checkpoint.
+            raise SystemExit(f"--stop-at={args.stop_at} is not allowed with --resume-from {ckpt}, which continues "
+                             f"after step {start_step}; pass a step in {start_step + 1}..--steps ({args.steps}), "
+                             f"or no --stop-at")
         if accelerator.is_main_process:
             shutil.copy(ckpt / "steps.jsonl", steps_log)
     elif accelerator.is_main_process:

@@ -35,6 +35,10 @@ def seed_worker(worker_id: int) -> None:
 
     PyTorch seeds each worker's torch RNG with base_seed + worker_id (base_seed drawn from the loader's
     generator), but leaves `random` and `numpy` alone, so a dataset that uses them would differ per run.
+
+    This makes two runs from the start equal, not a resumed run: after `skip_first_batches` the remaining
+    batches of the epoch go to other workers, whose RNGs have drawn for fewer items, so a dataset that draws
+    random numbers per item gets others there. Such a dataset should seed each item from (epoch, index).
     """
     seed = torch.initial_seed() % 2**32
     random.seed(seed)

@@ -157,3 +157,26 @@ def test_resume_from_a_damaged_checkpoint_names_the_file(tmp_path):
     (ckpt / "optimizer.pt").unlink()
     with pytest.raises(SystemExit, match="not a complete checkpoint, missing optimizer.pt"):
         train(tmp_path / "r3", "--resume-from", str(ckpt))
+
+
+def test_a_perturb_step_that_never_comes_is_refused(tmp_path, capsys):
+    # Before: --perturb 0:... (or a step after --steps) trained without perturbing anything, with exit 0.
+    for step in ("0", "8"):
+        with pytest.raises(SystemExit):
+            train_accelerate.parse_args(["--out", str(tmp_path), "--steps", "7", "--perturb", f"{step}:{PERTURBED}"])
+        assert (f"--perturb='{step}:{PERTURBED}' is not allowed; its STEP must be in 1..--steps (7)"
+                in capsys.readouterr().err)
+
+
+def test_resume_with_a_stop_at_the_checkpoint_has_passed_is_refused(tmp_path):
+    # Before: the resumed run never reached its --stop-at, trained to the end and saved neither final weights
+    # nor a checkpoint, with exit 0.
+    first = train(tmp_path / "first", "--stop-at", "3")
+    ckpt = first / "checkpoint"
+    for stop in ("2", "3"):
+        with pytest.raises(SystemExit, match=f"--stop-at={stop} is not allowed with --resume-from {ckpt}, which "
+                                             r"continues after step 3; pass a step in 4\.\.--steps \(7\)"):
+            train(tmp_path / f"resumed{stop}", "--resume-from", str(ckpt), "--stop-at", stop)
+    # A --stop-at still ahead of the checkpoint stops there, as before.
+    resumed = train(tmp_path / "resumed5", "--resume-from", str(ckpt), "--stop-at", "5")
+    assert len(read_jsonl(resumed / "steps.jsonl")) == 5 and (resumed / "checkpoint" / "state.json").is_file()

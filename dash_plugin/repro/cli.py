@@ -8,8 +8,10 @@
     dash-repro plot RUN_A RUN_B -o loss.png both loss curves and their difference
 
 Exit code: 0 when the runs are bit-identical, 1 when they differ, 2 when they could not be compared (bad input,
-a missing, unreadable or incomplete run file, no steps, a failed or stopped run). `run` refuses an --out that
-already holds runs unless --force. Also runs as `python -m dash_plugin.repro`.
+a missing, unreadable or incomplete run file, no steps, a failed or stopped run). Runs that agree but both hit
+a NaN or infinite loss, grad norm or lr get an IDENTICAL verdict that says so and from which step, with exit
+0: they reproduce each other (a NaN is compared as NaN: float.hex records none of its bits). `run` refuses an
+--out that already holds runs unless --force. Also runs as `python -m dash_plugin.repro`.
 """
 
 from __future__ import annotations
@@ -114,11 +116,20 @@ def find_script(explicit: str | None = None) -> Path:
 ATTN_CHOICES = ("dash", "sdpa", "eager")
 
 
+class _TrainingOptions(argparse.ArgumentParser):
+    """A parser whose errors (an ambiguous abbreviation too, which argparse reports with error()) are RunFailed."""
+
+    def error(self, message):
+        raise RunFailed(message)
+
+
 def _steps_in(train_args: list[str]) -> int:
     """The --steps the training script will run (its default is 30), after checking the training options
     dash-repro reads (--steps, --stop-at, --attn): a bad one is a RunFailed before any run starts, reported as
     dash-repro run's own error (this parser has no usage line of its own to show)."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    # Abbreviations as the training script's parser takes them (--step 0 is its --steps 0): else such an option
+    # would pass unchecked here.
+    p = _TrainingOptions(add_help=False, exit_on_error=False)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--stop-at", type=int, default=None)
     p.add_argument("--attn", choices=ATTN_CHOICES, default=None)
@@ -126,6 +137,12 @@ def _steps_in(train_args: list[str]) -> int:
         known, _ = p.parse_known_args(train_args)
     except argparse.ArgumentError as e:
         raise RunFailed(str(e)) from None
+    # The same checks as the training script's, made here: with --force a run refused later would already
+    # have cost the earlier results.
+    if known.steps < 1:
+        raise RunFailed(f"--steps={known.steps} is not allowed; pass a positive integer")
+    if known.stop_at is not None and not 1 <= known.stop_at <= known.steps:
+        raise RunFailed(f"--stop-at={known.stop_at} is not allowed; pass a step in 1..--steps ({known.steps})")
     return known.stop_at or known.steps
 
 

@@ -7,10 +7,10 @@ written last). Timing fields (tokens/s, MFU) are never compared.
 
 The verdict must never claim more than was checked, so a run is refused (RunFileError, exit 2 in the CLI)
 when any of these is missing, unreadable or malformed, when it is marked INCOMPLETE, when its weight file
-does not match its final.json, when its log does not end at the step the run ended at, or when there is no
-step to compare; and the same directory given twice is refused. The weight files themselves are read:
-their sha256 and a digest of every tensor in them are compared, not only what final.json says. At each step
-only what both runs recorded is compared; the notes say what was not.
+does not match its final.json, when its log does not start and end at the steps the run started and ended at,
+or when there is no step to compare; and the same directory given twice is refused. The weight files
+themselves are read: their sha256 and a digest of every tensor in them are compared, not only what
+final.json says. At each step only what both runs recorded is compared; the notes say what was not.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dash_plugin.repro.fingerprint import (FINAL_FILE, WEIGHTS_FILE, RunFileErro
                                            layer_of, read_json, read_jsonl, tensor_digest)
 
 EXACT_FIELDS = ("loss", "grad_norm", "lr")  # exact hex floats, as float.hex writes them
+NONFINITE = ("nan", "inf", "-inf")  # float.hex's spellings of the values that are not finite
 DIGEST_FIELDS = ("params", "grads")  # name -> digest
 # Arguments that may differ between two runs of the same training.
 FREE_ARGS = {"out", "progress", "stop_at", "resume_from"}
@@ -63,6 +64,8 @@ class Comparison:
     weight_files: bool = True  # False: a run saved no weight file, only the digests were compared
     # field -> the number of compared steps where both runs recorded it (what the verdict may claim)
     coverage: dict[str, int] = field(default_factory=dict)
+    # The first compared step where both runs recorded NaN or inf (a diverged training), and the values there
+    nonfinite: StepDifference | None = None
 
     @property
     def identical(self) -> bool:
@@ -71,7 +74,11 @@ class Comparison:
     def verdict(self) -> str:
         if self.identical:
             weights = "weights" if self.weight_files else "weight digests (no weight file saved)"
-            return f"IDENTICAL: 2 runs, {self.steps_a} steps, {self._checked()}/{weights} bit-identical"
+            verdict = f"IDENTICAL: 2 runs, {self.steps_a} steps, {self._checked()}/{weights} bit-identical"
+            if self.nonfinite is not None:  # reproducible, but not a healthy training: say so in the verdict
+                values = ", ".join(f"{k} {a}" for k, (a, _) in self.nonfinite.scalars.items())
+                verdict += f", but both runs hit NaN/inf from step {self.nonfinite.step} ({values})"
+            return verdict
         if self.first is not None:
             return f"DIFFERENT: first difference at step {self.first.step}: {self.first.describe()}"
         if self.steps_a != self.steps_b:
@@ -130,6 +137,7 @@ class Run:
     steps: list[dict]
     weights_sha256: str | None  # of the weight file, as read now; None where the run saved none
     tensors: dict[str, str]  # name -> digest of every final tensor (computed from the weight file)
+    end_checked: bool = True  # False: the run recorded no step it ended at, so a lost last record cannot show
 
 
 def _exact_problem(key: str, value) -> str | None:
@@ -216,6 +224,10 @@ def _read_meta(path: Path) -> dict:
     names = meta.get("param_names", [])
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise RunFileError(f"{path / META}: 'param_names' must be a list of parameter names")
+    first = meta.get("first_step", 1)
+    if not isinstance(first, int) or isinstance(first, bool) or first < 1:
+        raise RunFileError(f"{path / META}: 'first_step' must be the integer step (1 or more) the run's log starts "
+                           f"at (has {first!r})")
     return meta
 
 
@@ -272,23 +284,39 @@ def _check_weights(path: Path, final: dict) -> tuple[str, dict[str, str]]:
     return sha, digests
 
 
-def _check_log_end(path: Path, steps: list[dict], meta: dict, final: dict) -> None:
+def _check_log_start(path: Path, steps: list[dict], meta: dict) -> None:
+    """A run's log must start at the step the run started at: meta.json's 'first_step' (FingerprintCallback, for
+    a Trainer resumed from a checkpoint), else step 1 (the training script's log always starts there, a resumed
+    run's too). A record lost at the start of both logs would leave them aligned, and pass for shorter runs."""
+    first = meta.get("first_step", 1)
+    if steps and steps[0]["step"] != first:
+        source = (f"{path / META} records 'first_step': {first}" if "first_step" in meta
+                  else f"{path / META} records no 'first_step', so the log must start at step 1")
+        what = ("the records before it are lost" if steps[0]["step"] > first
+                else "it holds steps before the run started")
+        raise RunFileError(f"{path / STEPS} line {_first_line(path / STEPS)}: the log starts at step "
+                           f"{steps[0]['step']}, but the run started at step {first} ({source}): {what}")
+
+
+def _check_log_end(path: Path, steps: list[dict], meta: dict, final: dict) -> bool:
     """A finished run's log must end at the step the run ended at: a record lost at the end leaves no gap to
     see, and would pass for a shorter run. That step is final.json's 'last_step' (FingerprintCallback: the
     Trainer may stop before max_steps) or else meta.json's args.steps (the training script writes final.json
-    only after its last step); a run that recorded neither is not checked."""
+    only after its last step). Returns False for a run that recorded neither (a FingerprintCallback run written
+    before 'last_step' existed): its end is not checked, and compare says so in a note."""
     steps_arg = meta.get("args", {}).get("steps")
     if "last_step" in final:
         last, source = final["last_step"], f"{path / FINAL} records 'last_step': {final['last_step']}"
-    elif isinstance(steps_arg, int):
+    elif isinstance(steps_arg, int) and not isinstance(steps_arg, bool):
         last, source = steps_arg, f"{path / META} records args.steps = {steps_arg}"
     else:
-        return
+        return False
     if steps and steps[-1]["step"] != last:
         what = ("the records after it are lost" if steps[-1]["step"] < last
                 else "it holds steps after the run's end")
         raise RunFileError(f"{path / STEPS} ends at step {steps[-1]['step']}, but the run ended at step {last} "
                            f"({source}): {what}")
+    return True
 
 
 def load_run(path) -> Run:
@@ -301,11 +329,11 @@ def load_run(path) -> Run:
     steps = load_steps(path)
     meta = _read_meta(path)
     final = _read_final(path)
-    _check_log_end(path, steps, meta, final)
+    end_checked = _check_log_end(path, steps, meta, final)
     if final["weights_file"] is None:  # written without a weight file: the recorded digests are all there is
-        return Run(path, meta, steps, None, final["tensors"])
+        return Run(path, meta, steps, None, final["tensors"], end_checked)
     sha, digests = _check_weights(path, final)
-    return Run(path, meta, steps, sha, digests)
+    return Run(path, meta, steps, sha, digests, end_checked)
 
 
 # --- comparing ------------------------------------------------------------------------------------------
@@ -345,7 +373,8 @@ def check_aligned(run_a, steps_a: list[dict], run_b, steps_b: list[dict]) -> Non
                                                       key=lambda run: -run[1][0]["step"])
     raise RunFileError(f"{late / STEPS} line {_first_line(late / STEPS)}: the log starts at step "
                        f"{late_steps[0]['step']}, expected step {early_steps[0]['step']}, where {early / STEPS} "
-                       f"starts: the logs are not aligned (records lost at the start of {late / STEPS}?)")
+                       f"starts: the logs are not aligned (records lost at the start of {late / STEPS}, or a Trainer "
+                       f"run resumed from a checkpoint? compare runs that start at the same step)")
 
 
 def shared_fields(steps_a: list[dict], steps_b: list[dict]) -> list[set[str]]:
@@ -404,6 +433,15 @@ def _not_compared(steps_a: list[dict], steps_b: list[dict], shared: list[set[str
     return notes
 
 
+def first_nonfinite(steps_a: list[dict], steps_b: list[dict], shared: list[set[str]]) -> StepDifference | None:
+    """The first step where both runs recorded the same NaN or inf loss, grad norm or lr, with those values."""
+    for a, b, fields in zip(steps_a, steps_b, shared):
+        found = {k: (a[k], b[k]) for k in EXACT_FIELDS if k in fields and a[k] == b[k] and a[k] in NONFINITE}
+        if found:
+            return StepDifference(a["step"], found, {})
+    return None
+
+
 def compare_runs(run_a, run_b) -> Comparison:
     if Path(run_a).exists() and Path(run_b).exists() and os.path.samefile(run_a, run_b):
         # One run checked against itself proves nothing (a typo, `..`, a symlink to the same directory).
@@ -413,6 +451,8 @@ def compare_runs(run_a, run_b) -> Comparison:
         if not run.steps:  # zero steps would make every check vacuous
             raise RunFileError(f"{run.path / STEPS} has no steps: there is nothing to compare")
     check_aligned(run_a, a.steps, run_b, b.steps)
+    for run in (a, b):  # aligned logs may still both have lost their first records
+        _check_log_start(run.path, run.steps, run.meta)
     shared = shared_fields(a.steps, b.steps)
     if not any(shared):
         raise RunFileError(f"{a.path / STEPS} and {b.path / STEPS} have nothing in common to compare at any step "
@@ -428,10 +468,15 @@ def compare_runs(run_a, run_b) -> Comparison:
     final_equal = not final_tensors and (a.weights_sha256 == b.weights_sha256 if weight_files else True)
     notes = _notes(a.meta, b.meta) + _not_compared(a.steps, b.steps, shared)
     for name, run in (("A", a), ("B", b)):
+        if not run.end_checked:
+            notes.append(f"run {name}'s last record is not checked: neither {run.path / FINAL} ('last_step') nor "
+                         f"{run.path / META} (args.steps) says at which step the run ended (a FingerprintCallback "
+                         f"run written before final.json had 'last_step'?), so a record lost at the end of "
+                         f"{run.path / STEPS} would not show")
         if run.weights_sha256 is None:
             unread = f"; the {WEIGHTS_FILE} in it is not read" if (run.path / WEIGHTS_FILE).exists() else ""
             notes.append(f"run {name}'s {run.path / FINAL} names no weight file (\"weights_file\": null): the final "
                          f"weights are compared by their recorded digests only{unread}")
     coverage = {key: sum(key in fields for fields in shared) for key in (*EXACT_FIELDS, *DIGEST_FIELDS)}
     return Comparison(str(run_a), str(run_b), len(a.steps), len(b.steps), first, final_equal, final_tensors, notes,
-                      weight_files, coverage)
+                      weight_files, coverage, first_nonfinite(a.steps, b.steps, shared))

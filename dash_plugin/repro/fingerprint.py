@@ -144,6 +144,21 @@ def clear_final(out) -> None:
         (Path(out) / name).unlink(missing_ok=True)
 
 
+def _unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors on the CPU, each with memory of its own: safetensors refuses tensors that share memory, as tied
+    weights do (a model's lm_head.weight and embed_tokens.weight in one state dict). A copy is made only of
+    a tensor whose memory an earlier one uses."""
+    tensors, seen = {}, set()
+    for k, v in state_dict.items():
+        v = v.detach().contiguous().cpu()
+        ptr = v.untyped_storage().data_ptr()
+        if ptr in seen:
+            v = v.clone()
+        seen.add(ptr)
+        tensors[k] = v
+    return tensors
+
+
 def write_final(out, state_dict: dict[str, torch.Tensor], save_weights: bool = True,
                 last_step: int | None = None) -> None:
     """The end of a run: OUT/model.safetensors and OUT/final.json (the file's sha256 and a digest per tensor).
@@ -160,7 +175,7 @@ def write_final(out, state_dict: dict[str, torch.Tensor], save_weights: bool = T
         final["last_step"] = last_step
     if save_weights:
         path = out / WEIGHTS_FILE
-        save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, path)
+        save_file(_unshared(state_dict), path)
         final.update(weights_file=WEIGHTS_FILE, weights_sha256=file_sha256(path))
     else:
         final.update(weights_file=None, weights_sha256=None)

@@ -39,9 +39,10 @@ class FingerprintCallback(TrainerCallback):
         self.out.mkdir(parents=True, exist_ok=True)
         clear_final(self.out)
         names = [n for n, _ in model.named_parameters()]
+        # first_step: a run resumed from a checkpoint (global_step already set) logs from there on.
         meta = {"args": {k: getattr(args, k, None) for k in _KEY_ARGS},
                 "attention": getattr(model.config, "_attn_implementation", None), "param_names": names,
-                "trainer": True}
+                "trainer": True, "first_step": state.global_step + 1}
         (self.out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         self._fh = open(self.out / "steps.jsonl", "w")
 
