@@ -191,3 +191,38 @@ def test_demo_refuses_bad_steps_before_training(tmp_path, capsys):
     rc = main(["demo", "--out", str(tmp_path / "demo"), "--steps", "-1", "--cpu"])
     assert rc == 2 and "dash-repro demo: error: --steps=-1 is not allowed" in capsys.readouterr().err
     assert not (tmp_path / "demo" / "tiny" / "run1").exists()
+
+
+# --- sharded (FSDP2) tensors ------------------------------------------------------------------------------
+
+def _digest_sharded(rank, world, port, full, results):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from dash_plugin.repro.fingerprint import tensor_digest
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        sharded = distribute_tensor(full.clone(), mesh, [Shard(0)])
+        results[rank] = tensor_digest(sharded)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_tensor_is_digested_whole_on_every_rank():
+    """Before: each rank digested its own shard and the log held rank 0's, so a difference in another
+    rank's shard did not show at its step. Now every rank gets the whole tensor's digest."""
+    import socket
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    full = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    results = mp.Manager().dict()
+    mp.spawn(_digest_sharded, args=(2, port, full, results), nprocs=2, join=True)
+    from dash_plugin.repro.fingerprint import tensor_digest
+    assert results[0] == results[1] == tensor_digest(full)
+    changed = full.clone()
+    changed[5, 3] += 1   # in rank 1's shard
+    assert tensor_digest(changed) != tensor_digest(full)

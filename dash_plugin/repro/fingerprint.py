@@ -25,8 +25,8 @@ _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64 (a well-m
 def tensor_digest(t: torch.Tensor) -> str:
     """A 16-hex-digit digest of the tensor's dtype, shape and exact bits."""
     t = t.detach()
-    if hasattr(t, "to_local"):  # DTensor (FSDP2): digest of this rank's shard
-        t = t.to_local()
+    if hasattr(t, "full_tensor"):  # DTensor (FSDP2): the whole tensor, gathered (a collective: every rank calls),
+        t = t.full_tensor()       # so that a difference in any rank's shard shows at its step
     if t.is_complex():
         t = torch.view_as_real(t)
     if t.dtype == torch.bool:

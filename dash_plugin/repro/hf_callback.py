@@ -46,13 +46,13 @@ class FingerprintCallback(TrainerCallback):
         (self.out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         self._fh = open(self.out / "steps.jsonl", "w")
 
+    # The digests are taken on every process, not only the one that writes: a sharded (FSDP2) tensor's
+    # digest gathers it, which every rank must join.
     def on_step_begin(self, args, state, control, model=None, **kwargs):
-        if self._fh is not None:
-            self._params = param_digests(model.named_parameters())
+        self._params = param_digests(model.named_parameters())
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        if self._fh is not None:
-            self._grads = grad_digests(model.named_parameters())
+        self._grads = grad_digests(model.named_parameters())
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._fh is not None:
