@@ -37,12 +37,15 @@ def eager_and_dash(cls, config):
 # Cross-attention: the 2-D mask is the encoder's, the queries are the decoder's
 # ----------------------------------------------------------------------------------------------
 
+def bart_config():
+    return BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+                      decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+                      dropout=0.0, attention_dropout=0.0, pad_token_id=0)
+
+
 @pytest.fixture(scope="module")
 def bart():
-    cfg = BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
-                     decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-                     dropout=0.0, attention_dropout=0.0, pad_token_id=0)
-    return eager_and_dash(BartForConditionalGeneration, cfg)
+    return eager_and_dash(BartForConditionalGeneration, bart_config())
 
 
 @pytest.mark.parametrize("decoder_len", [4, 10, 13])   # fewer, as many and more decoder tokens than encoder ones
