@@ -10,8 +10,9 @@
 The attention function turns what the layer gives it into one call of :func:`dash_plugin.flash_attention`:
 
 - padded batch (2-D mask): the padding tokens are removed ("unpadded") into the varlen layout with
-  ``cu_seqlens``; the output is scattered back, padding rows are zero. In cross-attention the mask is the
-  encoder's: every decoder query is kept and sees its row's real encoder tokens;
+  ``cu_seqlens``; the output is scattered back, with zero rows at padding in causal and windowed layers.
+  Bidirectional layers without a window keep every query, each seeing its row's real keys (as eager does,
+  padding rows included): in cross-attention the mask is the encoder's, and the decoder's queries all count;
 - packed batch: ``cu_seq_lens_q/k`` (+ ``max_length_q/k``, read from the offsets where missing;
   ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``), or ``position_ids`` that restart inside a
   row: each run of consecutive positions is one sequence;

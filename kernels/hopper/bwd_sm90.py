@@ -740,14 +740,20 @@ def tiles(head_dim: int, causal: bool, local: bool = False, dropout: bool = Fals
     one in its tiles alone; the mask itself is passed apart). Likewise a masked call whose tiles
     are the full masks' (a probe's table) takes FA4's config for those."""
     ours = bwd_tiles(head_dim, causal or local, dropout)
-    cfg = fa4._tile_size_bwd_sm90(head_dim, head_dim, True, local)
+    cfg = _fa4_config(head_dim, True, local)
     if (cfg.m_block_size, cfg.n_block_size) != ours:
-        cfg = fa4._tile_size_bwd_sm90(head_dim, head_dim, False, local)
+        cfg = _fa4_config(head_dim, False, local)
     if (cfg.m_block_size, cfg.n_block_size) != ours:
         raise RuntimeError(f"flash-attn-4's sm90 tiles {cfg.m_block_size}x{cfg.n_block_size} for "
                            f"head_dim={head_dim} differ from ours {ours}: "
                            "install the pinned flash-attn-4 version")
     return cfg
+
+
+@functools.lru_cache(maxsize=None)   # asked on every backward: a pure function of its arguments, 5 us a call
+def _fa4_config(head_dim: int, masked: bool, local: bool):
+    """FA4's sm90 backward config for masked (causal or windowed) or full masks."""
+    return fa4._tile_size_bwd_sm90(head_dim, head_dim, masked, local)
 
 
 def softcap_mods(softcap: float):
