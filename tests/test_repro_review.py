@@ -219,8 +219,10 @@ def test_a_sharded_tensor_is_digested_whole_on_every_rank():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     full = torch.arange(24, dtype=torch.float32).reshape(6, 4)
-    results = mp.Manager().dict()
-    mp.spawn(_digest_sharded, args=(2, port, full, results), nprocs=2, join=True)
+    with mp.Manager() as manager:
+        shared = manager.dict()
+        mp.spawn(_digest_sharded, args=(2, port, full, shared), nprocs=2, join=True)
+        results = dict(shared)
     from dash_plugin.repro.fingerprint import tensor_digest
     assert results[0] == results[1] == tensor_digest(full)
     changed = full.clone()
