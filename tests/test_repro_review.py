@@ -13,6 +13,7 @@ from dash_plugin.repro.cli import main
 from dash_plugin.repro.compare import compare_runs
 from dash_plugin.repro.fingerprint import write_final
 from tests.repro_helpers import edit_json, write_run
+from tests.test_repro_trainer import restore_process_state  # noqa: F401  (autouse: puts the flags and env back)
 
 
 def _edit_steps(run, edit):
@@ -131,10 +132,6 @@ def test_trainer_run_with_tied_weights_and_resumed_runs(tmp_path, capsys):
     from dash_plugin.repro.data import ByteBlocks, stdlib_corpus
     from dash_plugin.repro.hf_callback import FingerprintCallback
 
-    det = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
-    env = {k: os.environ.get(k) for k in ("CUBLAS_WORKSPACE_CONFIG", "CUDA_LAUNCH_BLOCKING",
-                                          "ASCEND_LAUNCH_BLOCKING", "HCCL_DETERMINISTIC",
-                                          "FLASH_ATTENTION_DETERMINISTIC")}
     data = ByteBlocks(stdlib_corpus(64 * 200), 64, "train")
 
     def run(out, resume=None):
@@ -150,19 +147,11 @@ def test_trainer_run_with_tied_weights_and_resumed_runs(tmp_path, capsys):
                           callbacks=[FingerprintCallback(out)])
         trainer.train(resume_from_checkpoint=resume)
 
-    try:
-        run(tmp_path / "full")
-        assert (tmp_path / "full" / "final.json").is_file()
-        ckpt = str(tmp_path / "hf" / "checkpoint-2")
-        run(tmp_path / "r1", ckpt)
-        run(tmp_path / "r2", ckpt)
-    finally:
-        torch.use_deterministic_algorithms(det[0], warn_only=det[1])
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    run(tmp_path / "full")   # full_determinism changes process-wide state: the fixture puts it back
+    assert (tmp_path / "full" / "final.json").is_file()
+    ckpt = str(tmp_path / "hf" / "checkpoint-2")
+    run(tmp_path / "r1", ckpt)
+    run(tmp_path / "r2", ckpt)
     assert json.loads((tmp_path / "r1" / "meta.json").read_text())["first_step"] == 3
     rc, out, _ = compare_cli(capsys, tmp_path / "r1", tmp_path / "r2")
     assert rc == 0 and out.strip().endswith("IDENTICAL: 2 runs, 2 steps, losses/grads/weights bit-identical"), out
