@@ -52,3 +52,19 @@ def edit_json(path, edit):
     value = json.loads(path.read_text())
     edit(value)
     path.write_text(json.dumps(value))
+
+
+def edit_steps(run, edit):
+    """Rewrite a run's steps.jsonl after edit(records) has changed the list of records in place."""
+    path = Path(run) / "steps.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    edit(records)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def compare_cli(capsys, a, b):
+    """(exit code, stdout, stderr) of `dash-repro compare A B`."""
+    from dash_plugin.repro.cli import main
+    rc = main(["compare", str(a), str(b)])
+    out, err = capsys.readouterr()
+    return rc, out, err

@@ -4,7 +4,6 @@ ended, tied weights in the final weight file, and `run` options checked before -
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,21 +11,8 @@ import torch
 from dash_plugin.repro.cli import main
 from dash_plugin.repro.compare import compare_runs
 from dash_plugin.repro.fingerprint import write_final
-from tests.repro_helpers import edit_json, write_run
+from tests.repro_helpers import compare_cli, edit_json, edit_steps, write_run
 from tests.test_repro_trainer import restore_process_state  # noqa: F401  (autouse: puts the flags and env back)
-
-
-def _edit_steps(run, edit):
-    path = Path(run) / "steps.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    edit(records)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-
-
-def compare_cli(capsys, a, b):
-    rc = main(["compare", str(a), str(b)])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.fixture
@@ -41,7 +27,7 @@ def test_runs_that_both_hit_nan_say_so_in_the_verdict(pair, capsys):
         records[1].update(grad_norm="inf")
         records[2].update(loss="nan", grad_norm="nan")
     for run in pair:
-        _edit_steps(run, diverge)
+        edit_steps(run, diverge)
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 0, out  # the runs reproduce each other, divergence included
     assert out.strip().splitlines()[-1] == ("IDENTICAL: 2 runs, 3 steps, losses/grads/weights bit-identical, "
@@ -51,7 +37,7 @@ def test_runs_that_both_hit_nan_say_so_in_the_verdict(pair, capsys):
 
 
 def test_a_nan_in_one_run_only_is_a_difference(pair, capsys):
-    _edit_steps(pair[1], lambda records: records[1].update(loss="nan"))
+    edit_steps(pair[1], lambda records: records[1].update(loss="nan"))
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 1 and "DIFFERENT: first difference at step 2: loss 0x1.3333333333333p+2 vs nan" in out, out
 
@@ -65,7 +51,7 @@ def test_finite_runs_have_no_nonfinite_step(pair):
 
 def test_a_record_lost_at_the_start_of_both_logs_is_refused(pair, capsys):
     for run in pair:
-        _edit_steps(run, lambda records: records.pop(0))
+        edit_steps(run, lambda records: records.pop(0))
     rc, out, err = compare_cli(capsys, *pair)
     assert rc == 2 and "IDENTICAL" not in out, out
     assert (f"{pair[0] / 'steps.jsonl'} line 1: the log starts at step 2, but the run started at step 1 "
@@ -76,7 +62,7 @@ def test_a_record_lost_at_the_start_of_both_logs_is_refused(pair, capsys):
 def test_runs_that_started_later_compare_from_their_first_step(pair, capsys):
     # A Trainer run resumed from a checkpoint logs from there on, and FingerprintCallback records where.
     for run in pair:
-        _edit_steps(run, lambda records: records.pop(0))
+        edit_steps(run, lambda records: records.pop(0))
         edit_json(run / "meta.json", lambda meta: meta.update(first_step=2))
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 0 and out.strip().endswith("IDENTICAL: 2 runs, 2 steps, losses/grads/weights bit-identical"), out
@@ -93,7 +79,7 @@ def test_a_run_that_does_not_say_where_it_ended_gets_a_note(pair, capsys):
     # record is lost in both runs: the end cannot be checked, and the output says so instead of passing silently.
     for run in pair:
         edit_json(run / "meta.json", lambda meta: (meta["args"].pop("steps"), meta.update(trainer=True)))
-        _edit_steps(run, lambda records: records.pop())
+        edit_steps(run, lambda records: records.pop())
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 0, out
     for name, run in zip("AB", pair):

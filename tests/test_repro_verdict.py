@@ -20,16 +20,9 @@ import pytest
 from dash_plugin.repro.cli import main
 from dash_plugin.repro.compare import compare_runs
 from dash_plugin.repro.fingerprint import write_final
-from tests.repro_helpers import NAMES, edit_json, final_weights, write_run
+from tests.repro_helpers import NAMES, compare_cli, edit_json, edit_steps, final_weights, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def compare_cli(capsys, a, b):
-    """(exit code, stdout, stderr) of `dash-repro compare A B`."""
-    rc = main(["compare", str(a), str(b)])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def refused(capsys, a, b, *needles):
@@ -146,13 +139,6 @@ def _rewrite_line(path, lineno, text):
     path.write_text("".join(lines))
 
 
-def _edit_steps(run, edit):
-    """Rewrite a run's steps.jsonl after edit(records) has changed the list of records in place."""
-    records = [json.loads(x) for x in (run / "steps.jsonl").read_text().splitlines()]
-    edit(records)
-    (run / "steps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
-
-
 @pytest.mark.parametrize("line, message", [
     ('{"loss": "0x1.0p+0"}', "line 2: a step record needs an integer 'step' (has None)"),
     ('{"step": "2"}', "line 2: a step record needs an integer 'step' (has '2')"),
@@ -193,7 +179,7 @@ def test_the_verdict_names_only_what_both_runs_recorded(pair, capsys):
     # FingerprintCallback writes loss null on the steps the Trainer does not log: those steps compare
     # their digests, and the verdict says at how many steps the losses were compared.
     for run in pair:
-        _edit_steps(run, lambda records: records[1].update(loss=None, grad_norm=None, lr=None))
+        edit_steps(run, lambda records: records[1].update(loss=None, grad_norm=None, lr=None))
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 0 and out.strip().endswith(
         "IDENTICAL: 2 runs, 3 steps, losses (at 2 of 3 steps)/grads/weights bit-identical"), out
@@ -202,7 +188,7 @@ def test_the_verdict_names_only_what_both_runs_recorded(pair, capsys):
 def test_a_field_only_one_run_recorded_is_not_a_difference(pair, capsys):
     # Run A logged no loss at step 2 (a Trainer with logging_steps=2 against one with 1): nothing to compare
     # there, and its loss at step 3 covers steps 2-3 where run B's covers step 3 only: not compared either.
-    _edit_steps(pair[0], lambda records: records[1].update(loss=None, grad_norm=None, lr=None))
+    edit_steps(pair[0], lambda records: records[1].update(loss=None, grad_norm=None, lr=None))
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 0, out
     assert "note: loss not compared at 2 of 3 steps (recorded by one run only, or logged over other steps)" in out
@@ -210,7 +196,7 @@ def test_a_field_only_one_run_recorded_is_not_a_difference(pair, capsys):
     assert out.strip().endswith("IDENTICAL: 2 runs, 3 steps, losses (at 1 of 3 steps)/grads/weights bit-identical")
 
     # Run B recorded no gradient digests at all: the gradients were not compared, and the verdict says so.
-    _edit_steps(pair[1], lambda records: [r.pop("grads") for r in records])
+    edit_steps(pair[1], lambda records: [r.pop("grads") for r in records])
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 0 and "note: grads not compared at 3 of 3 steps (recorded by one run only)" in out, out
     assert out.strip().endswith("IDENTICAL: 2 runs, 3 steps, losses (at 1 of 3 steps)/weights bit-identical")
@@ -222,11 +208,11 @@ def test_a_loss_logged_over_other_steps_is_not_compared(pair, capsys):
         for r in records[0], records[2]:
             r.update(loss=None, grad_norm=None, lr=None)
         records[1]["loss"] = "0x1.3000000000000p+2"
-    _edit_steps(pair[0], every_second)
+    edit_steps(pair[0], every_second)
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 0 and "note: loss not compared at 3 of 3 steps" in out, out
     assert out.strip().endswith("IDENTICAL: 2 runs, 3 steps, grads/weights bit-identical")
-    _edit_steps(pair[1], every_second)  # both log every 2 steps: the losses are compared again
+    edit_steps(pair[1], every_second)  # both log every 2 steps: the losses are compared again
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 0 and out.strip().endswith("losses (at 1 of 3 steps)/grads/weights bit-identical"), out
 
@@ -234,13 +220,13 @@ def test_a_loss_logged_over_other_steps_is_not_compared(pair, capsys):
 def test_exact_values_in_both_runs_are_checked(pair, capsys):
     # The same malformed value in both runs must not compare equal.
     for run in pair:
-        _edit_steps(run, lambda records: records[1].update(loss="garbage"))
+        edit_steps(run, lambda records: records[1].update(loss="garbage"))
     refused(capsys, *pair, f"{pair[0] / 'steps.jsonl'} line 2: 'loss' must be a hex float string or null")
 
 
 def test_inf_and_nan_as_the_writer_spells_them_are_accepted(pair, capsys):
     for run in pair:
-        _edit_steps(run, lambda records: records[1].update(loss="nan", grad_norm="inf", lr="-inf"))
+        edit_steps(run, lambda records: records[1].update(loss="nan", grad_norm="inf", lr="-inf"))
     rc, out, _ = compare_cli(capsys, *pair)
     assert rc == 0, out
     assert "note: loss is NaN in both runs at 1 of 3 steps (first: step 2): float.hex records no sign" in out
@@ -250,11 +236,11 @@ def test_a_record_lost_at_the_end_is_refused(pair, capsys):
     # No gap shows it: the run's meta.json says how many steps the run took (args.steps).
     def drop_last(records):
         records.pop()
-    _edit_steps(pair[0], drop_last)
+    edit_steps(pair[0], drop_last)
     message = (f"{pair[0] / 'steps.jsonl'} ends at step 2, but the run ended at step 3 "
                f"({pair[0] / 'meta.json'} records args.steps = 3): the records after it are lost")
     refused(capsys, *pair, message)
-    _edit_steps(pair[1], drop_last)  # both lost it: still no verdict over fewer steps
+    edit_steps(pair[1], drop_last)  # both lost it: still no verdict over fewer steps
     refused(capsys, *pair, message)
 
 
@@ -264,7 +250,7 @@ def test_a_record_lost_at_the_end_of_a_trainer_run_is_refused(pair, capsys):
         edit_json(run / "meta.json", lambda meta: meta["args"].pop("steps"))
         edit_json(run / "final.json", lambda final: final.update(last_step=3))
     assert compare_cli(capsys, *pair)[0] == 0
-    _edit_steps(pair[1], lambda records: records.pop())
+    edit_steps(pair[1], lambda records: records.pop())
     refused(capsys, *pair, f"{pair[1] / 'steps.jsonl'} ends at step 2, but the run ended at step 3 "
                            f"({pair[1] / 'final.json'} records 'last_step': 3)")
 
@@ -284,7 +270,7 @@ def test_the_same_run_twice_is_refused(pair, capsys):
 
 
 def test_logs_that_start_at_other_steps_name_the_file_and_line(pair, capsys):
-    _edit_steps(pair[0], lambda records: records.pop(0))  # run A lost its first record
+    edit_steps(pair[0], lambda records: records.pop(0))  # run A lost its first record
     refused(capsys, *pair, f"{pair[0] / 'steps.jsonl'} line 1: the log starts at step 2, expected step 1, "
                            f"where {pair[1] / 'steps.jsonl'} starts")
 
@@ -319,10 +305,10 @@ def test_plot_of_a_missing_run_names_it(tmp_path, capsys):
 def test_plot_skips_steps_without_a_loss(pair, capsys, tmp_path):
     # A Trainer with logging_steps=2 writes loss null on the other steps.
     for run in pair:
-        _edit_steps(run, lambda records: records[0].update(loss=None))
+        edit_steps(run, lambda records: records[0].update(loss=None))
     assert main(["plot", str(pair[0]), str(pair[1]), "-o", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
-    _edit_steps(pair[1], lambda records: [r.update(loss=None) for r in records])  # no loss in both
+    edit_steps(pair[1], lambda records: [r.update(loss=None) for r in records])  # no loss in both
     assert main(["plot", str(pair[0]), str(pair[1]), "-o", str(tmp_path / "q.png")]) == 2
     err = capsys.readouterr().err
     assert f"nothing to plot: no step of {pair[0]} and {pair[1]} has a loss logged by both runs" in err, err
