@@ -52,6 +52,15 @@ def _without_launch(compile_fn):
     return lambda *a, **kw: (compile_fn(*a, **kw), lambda *args: None)[1]
 
 
+def _set_switches(kernel_cls, switches) -> None:
+    """--set NAME=VALUE on the kernel class, for switches it lists in its SWITCHES."""
+    for name, value in switches:
+        if name not in kernel_cls.SWITCHES:
+            raise SystemExit(f"--set {name}: not one of {kernel_cls.__name__}.SWITCHES "
+                             f"({', '.join(kernel_cls.SWITCHES)})")
+        setattr(kernel_cls, name, value)
+
+
 def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv: int,
              schedule: str = "descending", seqlen: int = 512, grid: str = "one-tile", switches=(),
              tail_align: bool = True) -> None:
@@ -64,11 +73,7 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
 
     if kernel == "fwd":
         from dash_plugin.kernels.hopper import dropout_sm90, fwd_sm90
-        for name, value in switches:
-            if name not in dropout_sm90.DropoutForwardSm90.SWITCHES:
-                raise SystemExit(f"--set {name}: not one of DropoutForwardSm90.SWITCHES "
-                                 f"({', '.join(dropout_sm90.DropoutForwardSm90.SWITCHES)})")
-            setattr(dropout_sm90.DropoutForwardSm90, name, value)
+        _set_switches(dropout_sm90.DropoutForwardSm90, switches)
         fwd_sm90._compile = _without_launch(fwd_sm90._compile)
         fwd_sm90.GRID = grid
         fwd_sm90.TAIL_ALIGN = tail_align
@@ -89,11 +94,7 @@ def _compile(kernel: str, head_dim: int, causal: bool, dropout: float, heads_kv:
         lambda t, leading_dim, alignment, stride_order: bwd_sm90.to_cute_tensor(
             t, assumed_align=alignment, leading_dim=leading_dim))
     bwd_sm90.cute.compile = _without_launch(bwd_sm90.cute.compile)
-    for name, value in switches:   # imported only now: the CuTe DSL reads its dump settings at import
-        if name not in bwd_sm90.OrderedBackwardSm90.SWITCHES:
-            raise SystemExit(f"--set {name}: not one of OrderedBackwardSm90.SWITCHES "
-                             f"({', '.join(bwd_sm90.OrderedBackwardSm90.SWITCHES)})")
-        setattr(bwd_sm90.OrderedBackwardSm90, name, value)
+    _set_switches(bwd_sm90.OrderedBackwardSm90, switches)   # imported only now (the DSL reads its dump settings then)
     # Orders the kernel reads from tables (the causal symmetric shift): fake tables of their shape.
     bwd_sm90._tables_on_device = lambda tables, batch, heads, device: tuple(
         torch.empty(batch, heads, *t.shape, dtype=torch.int32, device="cuda")
