@@ -2,10 +2,11 @@
 plan, and the sm90 forward (docs/hopper-backend.md).
 
 It covers dense and packed (varlen) batches, equal or unequal query/key lengths (masks
-bottom-right aligned), causal, full and sliding-window masks, softcap, head dims 64, 96, 128,
-192 and 256 in fp16/bf16, and dropout (not with softcap); packed batches run every order but
-`shift`, each sequence's from its own lengths. The causal `shift` runs its symmetric pairs, one
-CTA per pair of KV tiles.
+bottom-right aligned), causal, full and sliding-window masks, softcap, the head dims
+`hopper.head_dim_refusal` lets through (multiples of 8 up to 256 but for two, at the tiles of
+64, 96, 128, 192 or 256, the next one up) in fp16/bf16, and dropout (not with softcap); packed
+batches run every order but `shift`, each sequence's from its own lengths. The causal `shift`
+runs its symmetric pairs, one CTA per pair of KV tiles.
 `supports` names what else is missing, and the `auto` rule then takes the Triton backend.
 """
 from __future__ import annotations
@@ -57,8 +58,8 @@ class HopperBackend:
             return f"kernel mode {r.kernel_mode!r} runs on the Triton backend"
         if r.dtype not in (torch.float16, torch.bfloat16):
             return f"dtype {r.dtype} (this backend: float16, bfloat16)"
-        if r.head_dim not in hopper.HEAD_DIMS:
-            return f"head_dim={r.head_dim} (this backend: {', '.join(map(str, hopper.HEAD_DIMS))})"
+        if hopper.head_dim_refusal(r.head_dim):
+            return hopper.head_dim_refusal(r.head_dim)
         # Packed arrival: its closed form needs KV tiles at least as tall as Q tiles.
         packed_arrival = r.varlen and r.schedule == "arrival"
         tiles = self.tiles(r) if packed_arrival else None

@@ -33,6 +33,12 @@ def test_protocol_points_shapes():
     for p in points:
         assert p.fwd_flops == 4 * 16384 * 2048 * p.seqlen / (2 if p.causal else 1)
     assert points[0].key == "hdim64-causal-s512"
+    # head dims that do not divide the model dim: the nearest whole number of heads, FLOPs from them
+    odd = {p.hdim: p for p in protocol.protocol_points(hdims=(80, 40, 160)) if p.seqlen == 1024 and p.causal}
+    assert {d: p.heads_q for d, p in odd.items()} == {80: 26, 40: 51, 160: 13}
+    assert odd[80].fwd_flops == protocol.fwd_flops(16, 26, 1024, 80, causal=True)
+    with pytest.raises(ValueError, match="hdim must be positive, got 0"):
+        protocol.heads_for(0)
     gqa = protocol.protocol_points(hdims=(256,), gqa=True)
     assert {(p.hdim, p.heads_q, p.heads_kv) for p in gqa} == {(256, 8, 8), (128, 16, 4)}
     assert "hdim128-gqa4-full-s16384" in {p.key for p in gqa}

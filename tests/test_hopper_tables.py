@@ -211,10 +211,32 @@ def test_requests_the_backend_does_not_run_say_why(monkeypatch):
     from dash_plugin.kernels import hopper_backend
     monkeypatch.setattr(hopper_backend, "_is_sm90", lambda device: False)   # as on any other GPU (or none)
     assert BACKEND.supports(request("descending", 1024, 128, True)) == "needs an sm90 (Hopper) GPU"
-    with pytest.raises(ValueError, match="head_dim=32"):
-        bwd_tiles(32, True)
+    for d in (4, 36, 104, 264):
+        with pytest.raises(ValueError, match=f"head_dim={d}: the Hopper kernels run multiples of 8 from 8 to 256"):
+            bwd_tiles(d, True)
     assert BACKEND.tiles(request("shift", 2048, 128, False)) == (80, 128, None)   # the plan's default groups
     assert BACKEND.tiles(request("descending", 2048, 64, True)).group_size is None
+
+
+def test_head_dims_off_the_table_run_at_the_next_ones_tiles(monkeypatch):
+    """A multiple of 8 up to 256 takes the tiles of the next table head dim up (FA4's sm90
+    configuration ranges), but for 104 and 112 (FA4's dQ conversion does not cover their rows at
+    hdim 128's tiles), which the backend refuses by name."""
+    from dash_plugin.kernels import hopper, hopper_backend
+    for d in range(8, 257, 8):
+        if d in (104, 112):
+            continue
+        row = next(t for t in HEAD_DIMS if t >= d)
+        for masked, dropout in ((True, False), (False, False), (False, True)):
+            assert bwd_tiles(d, masked, dropout) == bwd_tiles(row, masked, dropout), (d, masked, dropout)
+    assert bwd_tiles(120, False) == (80, 128) and bwd_tiles(80, False) == (64, 128)
+    monkeypatch.setattr(hopper_backend, "_is_sm90", lambda device: True)
+    monkeypatch.setattr(hopper, "available", lambda: True)
+    assert BACKEND.supports(request("descending", 1024, 80, True)) is True
+    assert BACKEND.tiles(request("descending", 1024, 80, True))[:2] == (64, 128)
+    for d in (36, 112, 264):
+        assert BACKEND.supports(request("descending", 1024, d, True)) == (
+            f"head_dim={d}: the Hopper kernels run multiples of 8 from 8 to 256, but for 104 and 112")
 
 
 @pytest.mark.parametrize("causal, left, right, want", [
@@ -440,6 +462,13 @@ def test_packed_batches_and_unequal_lengths_run_here(monkeypatch):
     (dict(causal=True, head_dim=256), "spt"),
     (dict(causal=True, head_dim=256, varlen=True), "spt"),   # packed arrival does not run at hdim 256
     (dict(causal=False, head_dim=256, seqlen_q=2048, seqlen_k=2048), "ascending"),
+    # head dims off the tile table take the rules of the tiles they run at
+    (dict(causal=True, head_dim=224), "spt"),
+    (dict(causal=True, head_dim=160, seqlen_q=2048, seqlen_k=2048), "arrival"),
+    (dict(causal=False, head_dim=160, seqlen_q=2048, seqlen_k=2048), "shift"),
+    (dict(causal=True, head_dim=40, seqlen_q=1024, seqlen_k=1024), "ascending"),
+    (dict(causal=True, head_dim=80, seqlen_q=2048, seqlen_k=2048), "arrival"),
+    (dict(causal=False, head_dim=120, seqlen_q=2048, seqlen_k=2048), "shift"),
 ])
 def test_auto_on_this_backend_picks_an_order_it_runs(monkeypatch, kw, want):
     """`auto` resolves per backend: on this one it must name an order the backend runs for the

@@ -532,7 +532,7 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
     elif command:
         out.append(f"- Command: `{command}`")
     shapes = ("miniature shapes (--tiny)" if cfg.get("mode") == "tiny"
-              else "16k tokens per point, model dim 2048 (heads = 2048 / hdim)")
+              else "16k tokens per point, model dim 2048 (heads = 2048 / hdim, rounded)")
     timer = "do_bench, CUDA events" if env.get("device") == "cuda" else "wall clock"
     on_reference = sorted({f"{c['impl']}@{c['point']}" for c in results["cells"]
                            if c.get("kernel") == "reference" and env.get("device") == "cuda"})

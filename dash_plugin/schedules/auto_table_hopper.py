@@ -1,7 +1,9 @@
 """Data for schedule='auto' on the Hopper backend (read by auto.py before the generic rules of
 auto_table.py, which then cover what these do not: head dims the Hopper kernel lacks, and calls
 that run on the Triton backend). First matching rule wins; keys as in auto_table.py, plus
-head_dim_min (an inclusive lower bound; the head dims 192/256 rules).
+head_dim_min (an inclusive lower bound; the head dims 192/256 rules). The head-dim ranges are the
+kernel's tile ranges (a head dim off its table runs at the next one's tiles: tile_table.py), so a
+rule measured at 64, 128, 192 or 256 holds for the head dims that share those tiles.
 
 Measured with scripts/gpu_hopper_bwd.py on an NVIDIA H100 80GB HBM3 (132 SMs, torch 2.11.0+cu130,
 flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23 to 11-25, one process, backward TFLOP/s:
@@ -13,13 +15,14 @@ run time.
 """
 
 RULES = [
-    # Head dim 256 (64 x 48 tiles), scripts/gpu_hopper_bwd.py, docs/benchmarks/wide-heads-2026-11-24-h100/
+    # Head dims 200-256 (64 x 48 tiles, measured at 256), scripts/gpu_hopper_bwd.py, docs/benchmarks/wide-heads-2026-11-24-h100/
     # (median of 2 interleaved rounds). Also packed batches: arrival does not run them at these tiles.
-    # Head dim 192 (64 x 96 tiles) follows the hdim 128 rules below, which its figures confirm.
-    {'mask': 'causal', 'head_dim_min': 256, 'schedule': 'spt',
+    # Head dims 136-192 (64 x 96 tiles, measured at 192) follow the hdim 128 rules below, which
+    # its figures confirm.
+    {'mask': 'causal', 'head_dim_min': 193, 'schedule': 'spt',
      'source': 'measured H100 hdim256 causal s=2k/8k: spt 222.4/262.8, descending 198.8/231.8, '
                'arrival 195.1/233.0 (8k: its fallback), ascending 182.2/208.7'},
-    {'mask': 'full', 'head_dim_min': 256, 'schedule': 'ascending',
+    {'mask': 'full', 'head_dim_min': 193, 'schedule': 'ascending',
      'source': 'measured H100 hdim256 full s=2k/8k: ascending 252.7/277.7, shift 253.2/201.4, '
                'spt 248.7/276.9, descending 250.3/274.7'},
     # Packed batches, windows and unequal lengths, measured with scripts/gpu_varlen_bench.py,
@@ -57,7 +60,7 @@ RULES = [
                '278.9/387.5/460.9/494.3, spt 251.8/373.8/463.5/514.7, ascending 279.9/362.6/418.3/456.6 '
                '(GQA 4:1: arrival 241.0/358.1/457.8/510.9, next best 234.2/345.3/436.0/500.2) '
                '(docs/benchmarks/dq-readahead-2026-11-23-h100/); hdim96: inferred from hdim128'},
-    {'mask': 'causal', 'head_dim_min': 192, 'head_dim_max': 192, 'seqlen_max': 6144, 'schedule': 'arrival',
+    {'mask': 'causal', 'head_dim_min': 129, 'head_dim_max': 192, 'seqlen_max': 6144, 'schedule': 'arrival',
      'source': 'measured H100 hdim192 s=2k: arrival 342.4, ascending 301.6, spt 243.8 '
                '(docs/benchmarks/wide-heads-2026-11-24-h100/); up to 64 KV tiles of 96 keys, one group'},
     {'mask': 'causal', 'schedule': 'descending',
@@ -77,7 +80,7 @@ RULES = [
      'source': 'measured H100 hdim64 full s=4k-16k: shift and ascending within the run-to-run '
                'scatter (4k: 509.0/508.4 vs 495.2/497.9 in paired runs, 476.3 vs 493.8 in a median '
                'of 3 rounds, docs/benchmarks/read-turn-2026-11-25-h100/)'},
-    {'mask': 'full', 'head_dim_min': 192, 'head_dim_max': 192, 'seqlen_max': 2048, 'schedule': 'shift',
+    {'mask': 'full', 'head_dim_min': 129, 'head_dim_max': 192, 'seqlen_max': 2048, 'schedule': 'shift',
      'source': 'measured H100 hdim192 full s=2k: shift 394.0, ascending 381.1 (wide-heads-2026-11-24-h100/)'},
     # Up to hdim 128: at 192 shift runs split groups, which lose beyond 2k (the rule above).
     {'mask': 'full', 'head_dim_max': 128, 'seqlen_max': 4096, 'schedule': 'shift',

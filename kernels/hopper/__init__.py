@@ -12,7 +12,7 @@ import importlib.util
 import torch
 
 from .masks import fa4_mask
-from .tile_table import HEAD_DIMS, bwd_tiles
+from .tile_table import HEAD_DIMS, bwd_tiles, head_dim_refusal
 from .visit_tables import (CLOSED_FORMS, RESIDENT_SLOTS, Unsupported, VisitTables, batch_tables,
                            check_waits_follow_launch, closed_form_visits, tables_of, visits_every_q_tile)
 
@@ -67,5 +67,5 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
 
 
 __all__ = ["CLOSED_FORMS", "HEAD_DIMS", "RESIDENT_SLOTS", "Unsupported", "VisitTables", "attention_backward",
-           "attention_forward", "available", "batch_tables", "bwd_tiles", "check_waits_follow_launch",
+           "attention_forward", "available", "batch_tables", "bwd_tiles", "check_waits_follow_launch", "head_dim_refusal",
            "closed_form_visits", "tables_of", "visits_every_q_tile"]

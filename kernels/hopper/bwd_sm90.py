@@ -816,7 +816,14 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     group = heads // heads_kv
     dtype = torch2cute_dtype_map[q.dtype]
     dev = q.device
-    multiple = 64 if cfg.dKV_swapAB else 32
+    # The accumulators' rows are the kernel's tile_hdim wide (FlashAttentionBackwardSm90 rounds
+    # the head dim up to 16, or 64 with dK/dV swapped), and the postprocess reads them so. FA4's
+    # launcher rounds them up to 32 instead, which at head dims such as 40 or 80 puts its
+    # conversion's tiles where the kernel's are not. The preprocess keeps FA4's 32: its row sums
+    # of dO * O assume rows of 32 at the 64-row tiles (at 16 they lost their bits from call to
+    # call at head dim 80), so it zeroes no accumulator whose rows it rounds otherwise.
+    multiple = 64 if cfg.dKV_swapAB else 16
+    pre_multiple = 64 if cfg.dKV_swapAB else 32
     hdim_r = -(-head_dim // multiple) * multiple
     sq_r, sk_r = -(-seqlen_q // tm) * tm, -(-seqlen_k // tn) * tn
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
@@ -858,8 +865,12 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     # dO) unless the first add to every tile stores instead.
     unzeroed = (OrderedBackwardSm90.stores_first(deterministic) and not varlen
                 and visits_every_q_tile(tables, sq_r // tm))
-    fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, None if unzeroed else dq_accum, cu_seqlens_q, None, None, dtype,
-                        head_dim, head_dim, tm, fake_mode=False, hdim_multiple_of=multiple)
+    same_rows = -(-head_dim // pre_multiple) * pre_multiple == hdim_r   # the preprocess may zero the accumulator
+    if not unzeroed and not same_rows:
+        dq_accum.zero_()
+    fa4._bwd_preprocess(out, dout, dpsum, lse, lse_log2, dq_accum if not unzeroed and same_rows else None,
+                        cu_seqlens_q, None, None, dtype, head_dim, head_dim, tm, fake_mode=False,
+                        hdim_multiple_of=pre_multiple)
 
     # Size-1 dimensions get specialised strides at compile time, so they are part of the key.
     ones = tuple(n == 1 for n in (batch, heads, heads_kv, sq_r // tm, sk_r // tn, tables.q_tile.shape[-1],

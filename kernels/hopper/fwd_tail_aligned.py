@@ -141,7 +141,9 @@ class _TailAlignedQ:
             for i in cutlass.range_constexpr(cute.size(rO_words)):
                 row, col = coords[2 * i]
                 if row >= 0:
-                    mO_words[batch_idx, row, head_idx, col // 2] = rO_words[i]
+                    # columns past the head dim are the tile's padding (head dims not a multiple of 16)
+                    if cutlass.const_expr(not self.check_hdim_v_oob) or col < mO_words.shape[3] * 2:
+                        mO_words[batch_idx, row, head_idx, col // 2] = rO_words[i]
 
 
 @functools.lru_cache(maxsize=None)
