@@ -58,8 +58,9 @@ class HopperBackend:
             return f"kernel mode {r.kernel_mode!r} runs on the Triton backend"
         if r.dtype not in (torch.float16, torch.bfloat16):
             return f"dtype {r.dtype} (this backend: float16, bfloat16)"
-        if hopper.head_dim_refusal(r.head_dim):
-            return hopper.head_dim_refusal(r.head_dim)
+        refusal = hopper.head_dim_refusal(r.head_dim)
+        if refusal:
+            return refusal
         # Packed arrival: its closed form needs KV tiles at least as tall as Q tiles.
         packed_arrival = r.varlen and r.schedule == "arrival"
         tiles = self.tiles(r) if packed_arrival else None

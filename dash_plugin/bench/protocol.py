@@ -1,10 +1,11 @@
 """The measurement protocol (docs/benchmarks/README.md): which shapes, and how many FLOPs each one does.
 
 Every point has 16k tokens (batch * seqlen = 16384) and model dim 2048, so the number of query
-heads is 2048 / hdim (rounded to whole heads where hdim does not divide 2048). FLOPs count the two matrix products of the forward (QK^T and PV) over the
-query heads: 4 * B * H * S^2 * D, halved for causal; the backward counts 2.5 times that (five
-products instead of two), whatever an implementation actually computes (Flex recomputes: it is
-still credited 2.5x, so TFLOP/s compare wall times on the same work).
+heads is 2048 / hdim (rounded to whole heads where hdim does not divide 2048). FLOPs count the
+two matrix products of the forward (QK^T and PV) over the query heads: 4 * B * H * S^2 * D,
+halved for causal; the backward counts 2.5 times that (five products instead of two), whatever
+an implementation actually computes (Flex recomputes: it is still credited 2.5x, so TFLOP/s
+compare wall times on the same work).
 """
 from __future__ import annotations
 

@@ -85,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated sequence lengths of a packed batch (q = k); instead of --seqlen* "
                         "and --batch")
     p.add_argument("--hdim", type=int, default=128,
-                   help="head dim 1..256 (default 128): picks the Hopper kernel's tiles (it has them for 64, 96, "
-                        "128, 192, 256; another head dim needs --block-m and --block-n) and the default --heads")
+                   help="head dim 1..256 (default 128): picks the Hopper kernel's tiles (it has them for "
+                        "multiples of 8 but 104 and 112; another head dim needs --block-m and --block-n) and the "
+                        "default --heads")
     p.add_argument("--heads", type=int, default=None, help="query heads (default 2048 // hdim)")
     p.add_argument("--kv-heads", type=int, default=None, help="KV heads (GQA; default = heads)")
     p.add_argument("--batch", type=int, default=None, help="sequences of --seqlen (default 1)")

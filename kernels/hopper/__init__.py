@@ -67,5 +67,5 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
 
 
 __all__ = ["CLOSED_FORMS", "HEAD_DIMS", "RESIDENT_SLOTS", "Unsupported", "VisitTables", "attention_backward",
-           "attention_forward", "available", "batch_tables", "bwd_tiles", "check_waits_follow_launch", "head_dim_refusal",
-           "closed_form_visits", "tables_of", "visits_every_q_tile"]
+           "attention_forward", "available", "batch_tables", "bwd_tiles", "check_waits_follow_launch",
+           "closed_form_visits", "head_dim_refusal", "tables_of", "visits_every_q_tile"]

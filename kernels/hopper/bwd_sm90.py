@@ -816,12 +816,12 @@ def attention_backward(dout, q, k, v, out, lse, *, softmax_scale: float, causal:
     group = heads // heads_kv
     dtype = torch2cute_dtype_map[q.dtype]
     dev = q.device
-    # The accumulators' rows are the kernel's tile_hdim wide (FlashAttentionBackwardSm90 rounds
-    # the head dim up to 16, or 64 with dK/dV swapped), and the postprocess reads them so. FA4's
-    # launcher rounds them up to 32 instead, which at head dims such as 40 or 80 puts its
-    # conversion's tiles where the kernel's are not. The preprocess keeps FA4's 32: its row sums
-    # of dO * O assume rows of 32 at the 64-row tiles (at 16 they lost their bits from call to
-    # call at head dim 80), so it zeroes no accumulator whose rows it rounds otherwise.
+    # The accumulators' rows are as wide as the kernel's tile_hdim (FlashAttentionBackwardSm90
+    # rounds the head dim up to 16, or 64 with dK/dV swapped), and the postprocess must read them
+    # so: FA4's launcher rounds to 32, and at head dims such as 40 or 80 its conversion then reads
+    # tiles where the kernel wrote none. The preprocess keeps FA4's 32 (at 16 its row sums of
+    # dO * O lost their bits from call to call at head dim 80); where the two roundings differ it
+    # must not zero the accumulator, which is then zeroed here.
     multiple = 64 if cfg.dKV_swapAB else 16
     pre_multiple = 64 if cfg.dKV_swapAB else 32
     hdim_r = -(-head_dim // multiple) * multiple
