@@ -14,25 +14,20 @@ and 256). 104 and 112 run on the Triton backend, and say so.
 - dropout: the forward's mask read out exactly, and out/dq/dk/dv against the oracle with it;
 - `auto` runs these head dims here, not on the Triton backend.
 """
-import os
-
 import pytest
 import torch
 
 import dash_plugin
-from dash_plugin.kernels.philox import keep_scale
-from tests.gpu_oracle import (HOPPER_SKIP, assert_call_matches_oracle, assert_within_bar, keep_mask,
-                              oracle_and_bf16_math, packed_oracle_and_bf16_math)
-from tests.hardening_helpers import count_mismatching_passes, gpu_load, hang_guard
-from tests.test_gpu_dropout import check_counts, forward_readout, step, visible
-from tests.test_gpu_hopper import SCHEDULES, backward, computed_and_read, problem
-from tests.test_gpu_hopper_varlen import backward as packed_backward, packed
-from tests.test_gpu_hopper_wide import check_against
+from tests.gpu_oracle import HOPPER_SKIP, assert_call_matches_oracle, assert_within_bar, oracle_and_bf16_math
+from tests.test_gpu_hopper import SCHEDULES, backward, problem
+from tests.test_gpu_hopper_wide import (check_against, check_auto_runs_hopper, check_computed_order,
+                                        check_dropout_against_oracle, check_dropout_forward_read_out,
+                                        check_many_passes, check_packed_batch, check_windows_and_softcap,
+                                        loaded_cases)
 
 pytestmark = [pytest.mark.gpu, HOPPER_SKIP]
 
 OFF_TABLE = (8, 40, 80, 120, 160, 224)
-N_PASSES = int(os.environ.get("DASH_DETERMINISM_PASSES", "1000"))
 SHAPES = {"mha": (2, 1000, 4, 4), "gqa4": (2, 1024, 8, 2)}   # (B, S, H_q, H_kv)
 
 
@@ -96,39 +91,20 @@ def test_forward_gives_fa4s_bits(d, causal):
                                   {"softcap": 30.0}), ids=("causal-window", "band", "softcap"))
 @pytest.mark.parametrize("d", (40, 120, 160))
 def test_windows_and_softcap_match_float64_oracle(d, mask):
-    causal = mask.get("window_right") == 0
-    p = problem(2, 1000, 4, 4, d, causal, seed=4, **mask)
-    right = -1 if causal else mask.get("window_right", -1)
-    oracle = oracle_and_bf16_math(p["q"], p["k"], p["v"], p["do"], causal=causal,
-                                  window_left=mask.get("window_left", -1), window_right=right,
-                                  softcap=mask.get("softcap", 0.0))
-    assert_within_bar("out", p["out"], oracle.out, oracle.out_bar)
-    for schedule in ("descending", "ascending"):
-        check_against(oracle, backward(p, schedule))
+    check_windows_and_softcap(d, mask)
 
 
 @pytest.mark.parametrize("d, schedule", [(d, s) for d in (40, 80, 224) for s in ("descending", "spt")]
                          + [(40, "arrival"), (80, "arrival")])   # packed arrival: not at hdim 256's tiles
 def test_packed_batch_matches_float64_oracle(d, schedule):
-    lengths = ((1000, 1000), (129, 129), (0, 0), (700, 300), (256, 1100))
-    p = packed(lengths, 8, 2, d, True, seed=6)
-    kw = p["kw"]
-    oracle = packed_oracle_and_bf16_math(p["q"], p["k"], p["v"], p["do"], kw["cu_seqlens_q"], kw["cu_seqlens_k"],
-                                         causal=True)
-    assert_within_bar("out", p["out"], oracle.out, oracle.out_bar)
-    check_against(oracle, packed_backward(p, schedule))
+    check_packed_batch(d, schedule)
 
 
 @pytest.mark.parametrize("schedule, causal, d", [("descending", True, 80), ("arrival", True, 40),
                                                  ("shift", False, 80), ("shift", False, 120),
                                                  ("descending", True, 160)])
 def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, d):
-    from tests.test_hopper_tables import plan_tables
-    tables = plan_tables(schedule, seqlen=2048, head_dim=d, causal=causal, window=(-1, -1))
-    assert tables.visit is not None, tables.variant
-    p = problem(1, 2048, 4, 4, d, causal, seed=3)
-    computed, read = computed_and_read(tables, p["do"], p["q"], p["k"], p["v"], p["out"], p["lse"], causal=causal)
-    assert all(torch.equal(a, b) for a, b in zip(computed, read))
+    check_computed_order(schedule, causal, d)
 
 
 # Head dim 96 (in the table) shares its configuration with 72-88 and had no run under load before.
@@ -138,56 +114,28 @@ PASS_CASES = [("descending", True, 80), ("spt", True, 40), ("shift", False, 80),
 
 @pytest.fixture(scope="module")
 def loaded_gpu():
-    """Inputs per case, each case's first pass taken before the load starts, and the load."""
-    problems = {(s, c, d): problem(2, 2048, 8, 2, d, c, seed=2) for s, c, d in PASS_CASES}
-    unloaded = {case: backward(problems[case], case[0]) for case in PASS_CASES}
-    torch.cuda.synchronize()
-    with gpu_load() as proc:
-        yield problems, unloaded, proc
+    yield from loaded_cases(PASS_CASES)
 
 
 @pytest.mark.parametrize("schedule, causal, d", PASS_CASES, ids=lambda x: x if isinstance(x, str) else str(x))
 def test_bitwise_equal_over_many_passes_under_another_process(loaded_gpu, schedule, causal, d):
-    problems, unloaded, load = loaded_gpu
-    case = (schedule, causal, d)
-    with hang_guard(300):
-        bad = count_mismatching_passes(lambda: backward(problems[case], schedule), N_PASSES, reference=unloaded[case])
-    assert load.alive(), f"load process died: {load.stderr()}"
-    print(f"[hopper load] hdim{d} {schedule} {'causal' if causal else 'full'}: {N_PASSES} passes, {bad} mismatching")
-    assert bad == 0
+    check_many_passes(loaded_gpu, schedule, causal, d)
 
 
 @pytest.mark.parametrize("d", (40, 80))
 @pytest.mark.parametrize("causal", (True, False), ids=("causal", "full"))
 def test_dropout_forward_mask_read_out_exactly(d, causal):
-    p, batch, hq = 0.3, 2, 4
-    got = forward_readout("hopper", batch=batch, hq=hq, hkv=2, seqlen_q=d, d=d, causal=causal, p=p, seed=11)
-    vis = visible(d, d, causal)
-    counts = (keep_mask(11, p, batch, hq, d, d) & vis).long()
-    check_counts(got, counts, keep_scale(p) / vis.sum(-1, keepdim=True).clamp_min(1).double(), "hopper forward")
+    check_dropout_forward_read_out(d, causal)
 
 
 @pytest.mark.parametrize("d", (40, 120, 160))
 @pytest.mark.parametrize("causal", (True, False), ids=("causal", "full"))
 def test_dropout_matches_float64_oracle_with_the_same_mask(d, causal):
-    g = torch.Generator(device="cuda").manual_seed(13)
-    q, k, v, do = (torch.randn(2, 1000, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for h in (8, 2, 2, 8))
-    oracle = oracle_and_bf16_math(q, k, v, do, causal=causal, dropout_p=0.1, seed=14)
-    for schedule in ("descending", "ascending"):
-        got = step(q, k, v, do, backend="hopper", schedule=schedule, causal=causal, dropout_p=0.1, seed=14)
-        check_against(oracle, got, ("out", "dq", "dk", "dv"), [oracle.out_bar, *oracle.grad_bars],
-                      [oracle.out, *oracle.grads])
+    check_dropout_against_oracle(d, causal)
 
 
 def test_auto_runs_these_head_dims_here():
-    g = torch.Generator(device="cuda").manual_seed(15)
-    for d in OFF_TABLE:
-        q, k, v = (torch.randn(2, 2048, 4, d, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
-                   for _ in range(3))
-        out = dash_plugin.flash_attention(q, k, v, causal=True)
-        got = dash_plugin.last_resolved()
-        assert got.concrete_backend == "hopper", got.describe()
-        assert_call_matches_oracle(q, k, v, out, causal=True)
+    check_auto_runs_hopper(OFF_TABLE)
 
 
 @pytest.mark.parametrize("d", (36, 104, 112))

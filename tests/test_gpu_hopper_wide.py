@@ -62,6 +62,11 @@ def test_backward_matches_float64_oracle(wide_problem, schedule):
                                   {"softcap": 30.0}), ids=("causal-window", "band", "softcap"))
 @pytest.mark.parametrize("d", WIDE)
 def test_windows_and_softcap_match_float64_oracle(d, mask):
+    check_windows_and_softcap(d, mask)
+
+
+def check_windows_and_softcap(d, mask):
+    """Forward and two orders' backward against the float64 oracle under a window or softcap."""
     causal = mask.get("window_right") == 0
     p = problem(2, 1000, 4, 4, d, causal, seed=4, **mask)
     right = -1 if causal else mask.get("window_right", -1)
@@ -94,6 +99,10 @@ def test_forward_and_the_order_fa4_also_runs_give_fa4s_bits(d, causal, gqa):
 def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, d):
     """As tests/test_gpu_hopper.py's test of that name, at the wide tiles (hdim 256 shift: more KV
     tiles than Q tiles, so the plan's fallback order, computed the same way)."""
+    check_computed_order(schedule, causal, d)
+
+
+def check_computed_order(schedule, causal, d):
     from tests.test_hopper_tables import plan_tables
     tables = plan_tables(schedule, seqlen=2048, head_dim=d, causal=causal, window=(-1, -1))
     assert tables.visit is not None, tables.variant
@@ -114,6 +123,10 @@ def test_hdim256_arrival_reads_its_tables_and_matches_the_oracle():
 @pytest.mark.parametrize("d", WIDE)
 @pytest.mark.parametrize("schedule", ("descending", "spt", "ascending"))
 def test_packed_batch_matches_float64_oracle(d, schedule):
+    check_packed_batch(d, schedule)
+
+
+def check_packed_batch(d, schedule):
     lengths = ((1000, 1000), (129, 129), (0, 0), (700, 300), (256, 1100))
     p = packed(lengths, 8, 2, d, True, seed=6)
     kw = p["kw"]
@@ -129,31 +142,44 @@ PASS_CASES = [(s, c, d) for s in ORDERED for c in (True, False) for d in WIDE
               if not (c and s == "shift") and (c or s != "arrival")]
 
 
-@pytest.fixture(scope="module")
-def loaded_gpu():
-    """Inputs per (head dim, mask), each case's first pass taken before the load starts, and the load."""
-    problems = {(d, c): problem(2, 2048, 8, 2, d, c, seed=2) for d in WIDE for c in (True, False)}
-    unloaded = {(s, c, d): backward(problems[(d, c)], s) for s, c, d in PASS_CASES}
+def loaded_cases(cases):
+    """Inputs per case (schedule, causal, head dim), each case's first pass taken before the load
+    starts, and the load (a generator for a module fixture)."""
+    problems = {case: problem(2, 2048, 8, 2, case[2], case[1], seed=2) for case in cases}
+    unloaded = {case: backward(problems[case], case[0]) for case in cases}
     torch.cuda.synchronize()
     with gpu_load() as proc:
         yield problems, unloaded, proc
 
 
-@pytest.mark.parametrize("schedule, causal, d", PASS_CASES, ids=lambda x: x if isinstance(x, str) else str(x))
-def test_bitwise_equal_over_many_passes_under_another_process(loaded_gpu, schedule, causal, d):
-    problems, unloaded, load = loaded_gpu
+def check_many_passes(loaded, schedule, causal, d):
+    problems, unloaded, load = loaded
+    case = (schedule, causal, d)
     with hang_guard(300):
-        bad = count_mismatching_passes(lambda: backward(problems[(d, causal)], schedule), N_PASSES,
-                                       reference=unloaded[(schedule, causal, d)])
+        bad = count_mismatching_passes(lambda: backward(problems[case], schedule), N_PASSES, reference=unloaded[case])
     assert load.alive(), f"load process died: {load.stderr()}"
     print(f"[hopper load] hdim{d} {schedule} {'causal' if causal else 'full'}: {N_PASSES} passes, {bad} mismatching")
     assert bad == 0
+
+
+@pytest.fixture(scope="module")
+def loaded_gpu():
+    yield from loaded_cases(PASS_CASES)
+
+
+@pytest.mark.parametrize("schedule, causal, d", PASS_CASES, ids=lambda x: x if isinstance(x, str) else str(x))
+def test_bitwise_equal_over_many_passes_under_another_process(loaded_gpu, schedule, causal, d):
+    check_many_passes(loaded_gpu, schedule, causal, d)
 
 
 # Dropout: the read-outs of tests/test_gpu_dropout.py (q = k = 0; V or dO the identity).
 @pytest.mark.parametrize("d", WIDE)
 @pytest.mark.parametrize("causal", (True, False), ids=("causal", "full"))
 def test_dropout_forward_mask_read_out_exactly(d, causal):
+    check_dropout_forward_read_out(d, causal)
+
+
+def check_dropout_forward_read_out(d, causal):
     p, batch, hq = 0.3, 2, 4
     got = forward_readout("hopper", batch=batch, hq=hq, hkv=2, seqlen_q=d, d=d, causal=causal, p=p, seed=11)
     vis = visible(d, d, causal)
@@ -183,6 +209,10 @@ def test_dropout_backward_mask_read_out_exactly_through_dv(d, schedule, causal):
 @pytest.mark.parametrize("d", WIDE)
 @pytest.mark.parametrize("causal", (True, False), ids=("causal", "full"))
 def test_dropout_matches_float64_oracle_with_the_same_mask(d, causal):
+    check_dropout_against_oracle(d, causal)
+
+
+def check_dropout_against_oracle(d, causal):
     g = torch.Generator(device="cuda").manual_seed(13)
     q, k, v, do = (torch.randn(2, 1000, h, d, device="cuda", dtype=torch.bfloat16, generator=g) for h in (8, 2, 2, 8))
     oracle = oracle_and_bf16_math(q, k, v, do, causal=causal, dropout_p=0.1, seed=14)
@@ -193,12 +223,16 @@ def test_dropout_matches_float64_oracle_with_the_same_mask(d, causal):
 
 
 def test_auto_runs_wide_heads_here():
+    check_auto_runs_hopper(WIDE)
+    assert hopper.HEAD_DIMS == (64, 96, 128, 192, 256)
+
+
+def check_auto_runs_hopper(head_dims):
     g = torch.Generator(device="cuda").manual_seed(15)
-    for d in WIDE:
+    for d in head_dims:
         q, k, v = (torch.randn(2, 2048, 4, d, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
                    for _ in range(3))
         out = dash_plugin.flash_attention(q, k, v, causal=True)
         got = dash_plugin.last_resolved()
         assert got.concrete_backend == "hopper", got.describe()
         assert_call_matches_oracle(q, k, v, out, causal=True)
-    assert hopper.HEAD_DIMS == (64, 96, 128, 192, 256)
