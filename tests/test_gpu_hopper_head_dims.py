@@ -18,24 +18,16 @@ import pytest
 import torch
 
 import dash_plugin
-from tests.gpu_oracle import HOPPER_SKIP, assert_call_matches_oracle, assert_within_bar, oracle_and_bf16_math
+from tests.gpu_oracle import HOPPER_SKIP, assert_call_matches_oracle, assert_within_bar
 from tests.test_gpu_hopper import SCHEDULES, backward, problem
 from tests.test_gpu_hopper_wide import (check_against, check_auto_runs_hopper, check_computed_order,
                                         check_dropout_against_oracle, check_dropout_forward_read_out,
                                         check_many_passes, check_packed_batch, check_windows_and_softcap,
-                                        loaded_cases)
+                                        loaded_cases, problem_and_oracle)
 
 pytestmark = [pytest.mark.gpu, HOPPER_SKIP]
 
 OFF_TABLE = (8, 40, 80, 120, 160, 224)
-SHAPES = {"mha": (2, 1000, 4, 4), "gqa4": (2, 1024, 8, 2)}   # (B, S, H_q, H_kv)
-
-
-def _problem_and_oracle(shape, d, causal):
-    p = problem(*SHAPES[shape], d, causal)
-    return p, oracle_and_bf16_math(p["q"], p["k"], p["v"], p["do"], causal=causal)
-
-
 MASKED = [(d, c) for d in OFF_TABLE for c in (True, False)]
 
 
@@ -45,12 +37,12 @@ def _mask_id(x):
 
 @pytest.fixture(scope="module", params=MASKED, ids=_mask_id)
 def mha_problem(request):
-    return _problem_and_oracle("mha", *request.param)
+    return problem_and_oracle("mha", *request.param)
 
 
 @pytest.fixture(scope="module", params=MASKED, ids=_mask_id)
 def gqa_problem(request):
-    return _problem_and_oracle("gqa4", *request.param)
+    return problem_and_oracle("gqa4", *request.param)
 
 
 def test_forward_matches_float64_oracle(mha_problem):

@@ -42,8 +42,12 @@ def check_against(oracle, got, names=("dq", "dk", "dv"), bars=None, want=None):
 @pytest.fixture(scope="module", params=[(n, d, c) for n in SHAPES for d in WIDE for c in (True, False)],
                 ids=lambda x: f"{x[0]}-d{x[1]}-{'causal' if x[2] else 'full'}")
 def wide_problem(request):
-    name, d, causal = request.param
-    p = problem(*SHAPES[name], d, causal)
+    return problem_and_oracle(*request.param)
+
+
+def problem_and_oracle(shape, d, causal):
+    """A SHAPES problem run through the Hopper forward, and its float64 oracle."""
+    p = problem(*SHAPES[shape], d, causal)
     return p, oracle_and_bf16_math(p["q"], p["k"], p["v"], p["do"], causal=causal)
 
 

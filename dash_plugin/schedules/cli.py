@@ -21,9 +21,9 @@ import torch
 from dash_plugin import checks
 from dash_plugin.kernels import backends
 from dash_plugin.kernels.backends import DeviceProps
-from dash_plugin.kernels.hopper.masks import fa4_mask
 
 from . import registry
+from .auto import mask_kind
 from .plan import AttentionShape, ResidencyError, launch_plan
 from .schedule import build_schedule
 from .simulate import simulate, simulate_plan
@@ -46,13 +46,6 @@ def kernel_tiles(hdim: int, causal: bool, window_left: int, window_right: int) -
                                window_left=window_left, window_right=window_right)
     tiles = backends.get("hopper").tiles(request)
     return tiles.block_m, tiles.block_n
-
-
-def mask_name(causal: bool, window_left: int, window_right: int) -> str:
-    """causal, window or full, as the kernels read the mask: a window of no left limit and 0 keys
-    to the right is the causal mask, and --causal with a left limit is a window."""
-    is_causal, local, _, _ = fa4_mask(causal, window_left, window_right)
-    return "causal" if is_causal else "window" if local else "full"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -183,7 +176,7 @@ def parse_args(argv):
     except ValueError as exc:
         _error(f"--window-left {a.window_left} --window-right {a.window_right}: {exc}")
     a.window_left, a.window_right = checks.unbounded_beyond(left, right, max(a.seqlens_q), max(a.seqlens_k))
-    a.mask = mask_name(a.causal, a.window_left, a.window_right)
+    a.mask = mask_kind(a.causal, a.window_left, a.window_right)   # as the kernels read the mask
     if a.block_m is None or a.block_n is None:
         try:
             bm, bn = kernel_tiles(a.hdim, a.causal, a.window_left, a.window_right)
