@@ -3,10 +3,12 @@ auto_table.py, which then cover what these do not: head dims the Hopper kernel l
 that run on the Triton backend). First matching rule wins; keys as in auto_table.py, plus
 head_dim_min (an inclusive lower bound; the head dims 192/256 rules). The head-dim ranges are the
 kernel's tile ranges (a head dim off its table runs at the next one's tiles: tile_table.py), so a
-rule measured at 64, 128, 192 or 256 holds for the head dims that share those tiles.
+rule measured at 64, 128, 192 or 256 holds for the head dims that share those tiles, checked at
+32, 80 and 160. Head dims 33-48 are the exception: at hdim 64's tiles their 48 padded columns make
+a step short against the ordered dQ add, and other orders win there (measured at 40 and 48).
 
 Measured with scripts/gpu_hopper_bwd.py on an NVIDIA H100 80GB HBM3 (132 SMs, torch 2.11.0+cu130,
-flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23 to 11-25, one process, backward TFLOP/s:
+flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23 to 11-26, one process, backward TFLOP/s:
 docs/benchmarks/hopper-bwd-2026-11-23-h100/closed-form/, for the shift rows
 docs/benchmarks/hopper-shift-2026-11-23-h100/ (the full hdim128 rule also from
 docs/benchmarks/shift-writer-2026-11-24-h100/), for the hdim128 causal row
@@ -49,11 +51,30 @@ RULES = [
     {'mask': 'full', 'varlen': True, 'schedule': 'ascending',
      'source': 'measured H100 hdim128 full, 7 documents of 256-4k tokens: spt 509.3, ascending 502.6 (a tie), '
                'descending 445.6'},
-    {'mask': 'causal', 'head_dim_max': 64, 'seqlen_max': 1024, 'schedule': 'ascending',
-     'source': 'measured H100 hdim64 causal s=1024: ascending 265.4, spt 256.8, descending 248.9'},
+    # Head dims 33-48 (hdim 64's tiles with 48 padded columns): steps short against the ordered dQ
+    # add, where arrival and shift keep the adds from queueing (docs/benchmarks/auto-head-dims-2026-11-26-h100/,
+    # median of 3 interleaved rounds; at hdim 32 and 64 the rules below hold).
+    {'mask': 'causal', 'head_dim_min': 33, 'head_dim_max': 48, 'seqlen_max': 8192, 'schedule': 'arrival',
+     'source': 'measured H100 hdim40 causal s=1k/2k/4k/8k: arrival 197.0/254.6/299.8/329.0, ascending '
+               '174.1/235.1/280.7/286.4, spt 169.2/218.2/242.1/248.6, shift 193.3/246.9/282.3/316.3; '
+               'hdim48 s=1k/4k: arrival 257.7/378.9, shift 249.6/357.8, ascending 219.3/346.7'},
+    {'mask': 'causal', 'head_dim_min': 33, 'head_dim_max': 48, 'schedule': 'shift',
+     'source': 'measured H100 hdim40 causal s=16k: shift 337.9, descending 326.1, ascending 317.8, '
+               'arrival 316.8 (groups), spt 263.8; hdim48: descending 420.9, shift 417.5, ascending 400.9'},
+    {'mask': 'full', 'head_dim_min': 33, 'head_dim_max': 48, 'schedule': 'shift',
+     'source': 'measured H100 hdim40 full s=1k/2k/4k/8k/16k: shift 268.7/289.1/323.6/340.6/339.1, next best '
+               '203.2/245.4/272.2/291.2/311.5; hdim48 s=1k/4k/16k: shift 350.7/410.1/439.3, ascending '
+               '240.2/376.2/426.6'},
+    {'mask': 'causal', 'head_dim_max': 64, 'seqlen_max': 4096, 'schedule': 'arrival',
+     'source': 'measured H100 hdim64 causal s=1k/2k/4k: arrival 303.8/387.6/450.2, ascending 293.6/369.4/410.2, '
+               'spt 289.2/383.3/430.7; hdim32 s=1k/4k: arrival 225.1/315.7, spt 213.5/312.4, ascending '
+               '212.4/310.4 (docs/benchmarks/auto-head-dims-2026-11-26-h100/; before arrival ran at these '
+               'tiles: hdim64 s=1024 ascending 265.4, spt 256.8, descending 248.9)'},
     {'mask': 'causal', 'head_dim_max': 64, 'schedule': 'spt',
      'source': 'measured H100 hdim64 causal s=2k/4k/8k/16k: spt 363.9/422.0/462.2/497.6, '
-               'descending 334.4/409.9/440.4/450.0, ascending 348.9/391.9/408.9/453.5'},
+               'descending 334.4/409.9/440.4/450.0, ascending 348.9/391.9/408.9/453.5; again 2026-11-26 '
+               's=8k/16k: spt 456.6/503.8, shift 468.2/496.9, arrival 454.4/461.8 (hdim32 16k: spt 355.3, '
+               'descending 356.6)'},
     {'mask': 'causal', 'head_dim_max': 128, 'seqlen_max': 8192, 'schedule': 'arrival',
      'source': 'measured H100 hdim128 causal s=1k/2k/4k/8k with the dQ writer reading its next counter '
                'ahead, median of 3 interleaved rounds: arrival 301.5/401.0/470.2/516.8, descending '
