@@ -19,7 +19,8 @@ for path in sorted(glob.glob(os.path.join(HERE, "run*", "hopper_bwd_time.json"))
         best = max(measured, key=measured.get)
         pick = auto.choose_schedule(causal=r["causal"], head_dim=r["hdim"], seqlen_q=r["seqlen"],
                                     seqlen_k=r["seqlen"], backend="hopper")
-        rows.append((r["hdim"], "causal" if r["causal"] else "full", r["seqlen"], run, best, measured[best],
+        mask = ("causal" if r["causal"] else "full") + (f" GQA {r['gqa']}:1" if r.get("gqa", 1) > 1 else "")
+        rows.append((r["hdim"], mask, r["seqlen"], run, best, measured[best],
                      pick, measured.get(pick), r["cute-atomic"], r.get("fa4-det")))
 
 print("| hdim | mask | S | run | fastest order (TFLOP/s) | auto picks | pick / fastest | pick / atomic | pick / FA4 det |")
