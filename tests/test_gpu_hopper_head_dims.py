@@ -100,10 +100,12 @@ def test_computed_order_gives_the_bits_of_the_tables(schedule, causal, d):
 
 
 # Head dim 96 (in the table) shares its configuration with 72-88 and had no run under load before.
-# 40/48 shift and arrival: what `auto` runs at head dims 33-48.
+# 40/48 shift and arrival: what `auto` runs at head dims 33-48; 56 and 32 causal: at hdim 64's
+# tiles with 64 and 32 padded columns, what it runs up to 64 (the causal symmetric shift, arrival).
 PASS_CASES = [("descending", True, 80), ("spt", True, 40), ("shift", False, 80), ("ascending", False, 120),
               ("arrival", True, 120), ("descending", True, 224), ("descending", True, 96), ("shift", False, 96),
-              ("shift", True, 40), ("shift", False, 48), ("arrival", True, 48)]
+              ("shift", True, 40), ("shift", False, 48), ("arrival", True, 48), ("shift", True, 56),
+              ("arrival", True, 32)]
 
 
 @pytest.fixture(scope="module")

@@ -70,11 +70,14 @@ RULES = [
                'spt 289.2/383.3/430.7; hdim32 s=1k/4k: arrival 225.1/315.7, spt 213.5/312.4, ascending '
                '212.4/310.4 (docs/benchmarks/auto-head-dims-2026-11-26-h100/; before arrival ran at these '
                'tiles: hdim64 s=1024 ascending 265.4, spt 256.8, descending 248.9)'},
-    {'mask': 'causal', 'head_dim_max': 64, 'schedule': 'spt',
-     'source': 'measured H100 hdim64 causal s=2k/4k/8k/16k: spt 363.9/422.0/462.2/497.6, '
-               'descending 334.4/409.9/440.4/450.0, ascending 348.9/391.9/408.9/453.5; again 2026-11-26 '
-               's=8k/16k: spt 456.6/503.8, shift 468.2/496.9, arrival 454.4/461.8 (hdim32 16k: spt 355.3, '
-               'descending 356.6)'},
+    # Beyond 4k the causal symmetric shift, the order nearest the fastest at every head dim and
+    # head count measured; spt, the rule before, ties it at hdim 64 but falls 15 % behind at 56.
+    {'mask': 'causal', 'head_dim_max': 64, 'schedule': 'shift',
+     'source': 'measured H100 2026-11-26 (docs/benchmarks/auto-head-dims-2026-11-26-h100/) causal s=8k/16k: '
+               'hdim64 shift 468.2/496.9, spt 456.6/503.8, arrival 454.4/461.8, descending 446.3/475.1; '
+               'hdim64 GQA 4:1 shift 452.4/480.6, spt 450.5/488.8; hdim56 16k: shift 429.9, descending 406.7, '
+               'spt 366.9; hdim32 16k: descending 356.6, spt 355.3, shift 344.2. Before: spt, measured '
+               '2026-11-23 at 2k-16k against descending and ascending (spt 363.9/422.0/462.2/497.6)'},
     {'mask': 'causal', 'head_dim_max': 128, 'seqlen_max': 8192, 'schedule': 'arrival',
      'source': 'measured H100 hdim128 causal s=1k/2k/4k/8k with the dQ writer reading its next counter '
                'ahead, median of 3 interleaved rounds: arrival 301.5/401.0/470.2/516.8, descending '
@@ -97,7 +100,7 @@ RULES = [
                'reading counters ahead at hdim 64, two paired runs and a median of 3 rounds: shift '
                '378.4/378.8 and 453.5/457.3/457.1, ascending 345.9/346.2 and 426.7/419.6/427.6 '
                '(docs/benchmarks/read-turn-2026-11-25-h100/; 2k before: 1.04x/0.99x)'},
-    {'mask': 'full', 'head_dim_max': 64, 'schedule': 'ascending',
+    {'mask': 'full', 'head_dim_max': 64, 'seqlen_max': 8192, 'schedule': 'ascending',
      'source': 'measured H100 hdim64 full s=4k-16k: shift and ascending within the run-to-run '
                'scatter (4k: 509.0/508.4 vs 495.2/497.9 in paired runs, 476.3 vs 493.8 in a median '
                'of 3 rounds, docs/benchmarks/read-turn-2026-11-25-h100/)'},
@@ -111,8 +114,17 @@ RULES = [
                'auto-full-2026-11-25-h100/): shift 506.4/542.3/567.1, ascending 495.5/532.9/559.9, '
                'spt 494.7/533.0/566.1, descending 481.9/542.3/-; 2k in the run before: shift 499.0, '
                'ascending 478.2 (store-first-dq-2026-11-25-h100/); hdim96: inferred from hdim128'},
-    {'mask': 'full', 'schedule': 'ascending',
-     'source': 'measured H100 full hdim128 s=8k-16k: ascending, spt, descending and the closed-form '
-               'shift within a few percent, no order ahead in both runs (16k: ascending 589.9/588.0, '
-               'shift 570.5/565.8); hdim192 s=8k: ascending 478.4, spt 478.6, shift 326.6 (split groups)'},
+    {'mask': 'full', 'seqlen_max': 8192, 'schedule': 'ascending',
+     'source': 'measured H100 full hdim128 s=8k: ascending, spt, descending and the closed-form shift '
+               'within a few percent, the lead changing from run to run (2026-11-26: ascending 577.0 and '
+               '529.0, shift 575.2 and 577.4, descending 528.9 and 548.7); hdim192 s=8k: ascending 478.4, '
+               'spt 478.6, shift 326.6 (split groups)'},
+    # Beyond 8k descending: ahead of ascending in all 11 measurements of 2026-11-26 at 16k, by
+    # 0.3-8 %, though its rounds ran at lower SM clocks than ascending's.
+    {'mask': 'full', 'schedule': 'descending',
+     'source': 'measured H100 full s=16k (docs/benchmarks/auto-head-dims-2026-11-26-h100/): descending / '
+               'ascending hdim128 596.2/550.8 and 587.0/584.6 (two runs), GQA 4:1 590.9/550.7; hdim64 '
+               '531.8/509.1 and 529.3/527.2, GQA 4:1 529.3/513.3; hdim160 416.4/402.8, hdim96 513.6/504.0, '
+               'hdim80 422.5/414.5, hdim72 376.6/370.8, hdim56 438.5/437.2; 2026-11-23 hdim128: '
+               'descending 604.5, the best order (dq-readahead-2026-11-23-h100/)'},
 ]
