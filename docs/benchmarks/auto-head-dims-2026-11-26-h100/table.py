@@ -12,8 +12,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ORDERS = ("ascending", "spt", "descending", "shift", "arrival")
 
 rows = []
-for path in sorted(glob.glob(os.path.join(HERE, "run*", "hopper_bwd_time.json"))):
-    run = os.path.basename(os.path.dirname(path))
+for path in sorted(glob.glob(os.path.join(HERE, "run*", "**", "hopper_bwd_time.json"), recursive=True)):
+    run = os.path.relpath(path, HERE).split(os.sep)[0]
     for r in json.load(open(path))["time"]:
         measured = {o: r[f"cute-{o}"] for o in ORDERS if r.get(f"cute-{o}")}
         best = max(measured, key=measured.get)
