@@ -22,7 +22,9 @@ The attention function turns what the layer gives it into one call of :func:`das
 
 K/V are never expanded for GQA. Sliding windows, softcap, custom scaling and dropout (training only) are
 forwarded. Mask overlays that none of these express (Llama 4's chunks past the first chunk, bidirectional
-image-token blocks) are refused by the mask builder rather than dropped.
+image-token blocks) are refused by the mask builder rather than dropped, and so are score-changing
+arguments a layer passes (T5's position bias, attention sinks, sparse-attention indices) and models
+whose layers never call the attention function (Bloom, Falcon, MPT, GPT-Neo).
 Per-call ``deterministic=``, ``dash_schedule=`` and ``dash_backend=`` keywords given to ``model(...)``
 reach this function and are forwarded; the model config goes along as ``model_config`` so its ``dash_attention`` entry
 is one of the config switch's sources.
@@ -33,7 +35,9 @@ modules are imported (which always happens before a model can be built).
 """
 from __future__ import annotations
 
+import functools
 import importlib.abc
+import inspect
 import sys
 import threading
 import weakref
@@ -86,6 +90,12 @@ def _check_head_dim_at_load(pretrained_model) -> None:
 
     def checked(self, attn_implementation, *args, **kwargs):
         chosen = original(self, attn_implementation, *args, **kwargs)
+        if chosen == NAME and not _reaches_attention_interface(type(self), self.config):
+            raise ValueError(
+                f"attn_implementation='dash': {type(self).__name__} runs attention code of its own that does not "
+                "call transformers' attention functions, so the dash kernels would never run and its layers "
+                "would get the dash mask (padding only, no causal part). Use attn_implementation='sdpa' or "
+                "'eager' for this model")
         found = _head_dim(self.config) if chosen == NAME else None
         if found is not None:
             from dash_plugin.checks import HEAD_DIM_MAX, HEAD_DIM_MIN
@@ -98,6 +108,29 @@ def _check_head_dim_at_load(pretrained_model) -> None:
     checked._dash_head_dim_check = True
     checked.__wrapped__ = original
     pretrained_model._check_and_adjust_attn_implementation = checked
+
+
+def _reaches_attention_interface(model_class, config) -> bool:
+    """Whether a model's layers call the registered attention function. transformers accepts any
+    registered name for every model, but some (Bloom, Falcon, MPT, GPT-Neo, GPT-NeoX-Japanese) run
+    attention code of their own; they still build masks through the registered mask function,
+    which for "dash" has no causal part, so their attention would run unmasked. Their modeling
+    modules never name ``ALL_ATTENTION_FUNCTIONS``, through which every layer that dispatches by
+    name goes. Composite models (sub-configs of other models: AutoConfig or a config with a
+    model_type, unlike MPT's attention options) are checked per sub-model; a module whose source
+    cannot be read is given the benefit of the doubt."""
+    sub_configs = (getattr(config, "sub_configs", None) or {}).values()
+    if any(getattr(sub, "model_type", None) != "" for sub in sub_configs):
+        return True
+    return _module_names_attention_registry(model_class.__module__)
+
+
+@functools.lru_cache(maxsize=None)
+def _module_names_attention_registry(module_name: str) -> bool:
+    try:
+        return "ALL_ATTENTION_FUNCTIONS" in inspect.getsource(sys.modules[module_name])
+    except (KeyError, OSError, TypeError):
+        return True
 
 
 def _register_mask(masking_utils) -> None:
@@ -308,7 +341,7 @@ def dash_attention_forward(module, query, key, value, attention_mask, dropout=0.
     ``attention_mask`` is ``None`` or a 2-D boolean padding mask from :func:`dash_attention_mask`.
     Returns ``(out (B, S_q, H_q, D_v), None)``: no attention weights.
     """
-    _reject_unsupported(attention_mask, kwargs)
+    _reject_unsupported(attention_mask, kwargs, module)
     batch, _, q_len, head_dim = query.shape
     dtype = _compute_dtype(query, key, value)
     q = query.transpose(1, 2).to(dtype)
@@ -378,16 +411,37 @@ def _packed_from_kwargs(kwargs):
     return cu_q, cu_k, max_q, max_k
 
 
-def _reject_unsupported(attention_mask, kwargs):
+# Keywords some layers pass that change the scores in ways this function cannot express; dropping
+# them would be silently wrong. Any other tensor a layer passes is refused too, unless the function
+# reads it or it leaves the scores alone (_TENSOR_KWARGS_KNOWN).
+_SCORE_CHANGING_KWARGS = {
+    "s_aux": "attention sinks (`s_aux`, e.g. gpt-oss)",
+    "sinks": "attention sinks (`sinks`)",
+    "position_bias": "an additive position bias (`position_bias`, e.g. T5's relative position bias)",
+    "indices": "sparse attention over selected keys (`indices`, e.g. DeepSeek V3.2)",
+    "block_indices": "block-sparse attention (`block_indices`)",
+    "alibi": "ALiBi position biases (`alibi`)",
+    "rel_pos": "relative position biases (`rel_pos`)",
+}
+_TENSOR_KWARGS_KNOWN = {"position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "cache_position"}
+
+
+def _reject_unsupported(attention_mask, kwargs, module=None):
     if kwargs.get("output_attentions"):
         # As transformers' sdpa and flash paths: a warning, not an error (pipelines pass the flag
         # on), so that empty `attentions` are not a silent surprise.
         from dash_plugin.config import warn_user
         warn_user("dash attention does not return attention weights: output_attentions=True gives no "
                   "`attentions`. Use attn_implementation='eager' to get them", stacklevel=3)
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError("dash attention does not support attention sinks (`s_aux`, e.g. gpt-oss); "
-                                  "use attn_implementation='eager' for this model")
+    layer = type(module).__name__ if module is not None else "the layer"
+    for name, value in kwargs.items():
+        if value is None or name not in _SCORE_CHANGING_KWARGS and (
+                name in _TENSOR_KWARGS_KNOWN or not isinstance(value, torch.Tensor)):
+            continue
+        what = _SCORE_CHANGING_KWARGS.get(name, f"the tensor argument `{name}`, which it cannot apply")
+        raise NotImplementedError(f"dash attention does not support {what}, passed by {layer}; it would be "
+                                  "dropped and the scores would be wrong. Use attn_implementation='sdpa' or "
+                                  "'eager' for this model")
     cache = kwargs.get("cache")
     if cache is not None and type(cache).__name__ == "PagedAttentionCache":
         raise NotImplementedError("dash attention does not support paged caches (continuous batching); "

@@ -429,6 +429,57 @@ def test_sinks_are_not_implemented():
         dash_hf.dash_attention_forward(_Layer(), q, q, q, None, s_aux=torch.zeros(2))
 
 
+@pytest.mark.parametrize("name", ["position_bias", "sinks", "indices", "some_new_bias"])
+def test_score_changing_tensor_arguments_are_refused_by_name(name):
+    """Layers pass what changes their scores as keywords (T5's position bias, sinks, sparse
+    indices); a tensor this function does not read must not be dropped in silence."""
+    q = torch.randn(1, 2, 4, 32)
+    with pytest.raises(NotImplementedError, match=rf"`{name}`.*passed by _Layer.*attn_implementation='sdpa'"):
+        dash_hf.dash_attention_forward(_Layer(), q, q, q, None, **{name: torch.zeros(1, 2, 4, 4)})
+
+
+def test_bookkeeping_arguments_pass():
+    """The tensors it reads or that leave the scores alone, and non-tensor flags, are not refused."""
+    q = torch.randn(1, 2, 4, 32)
+    out, _ = dash_hf.dash_attention_forward(_Layer(), q, q, q, None, position_ids=torch.arange(4)[None],
+                                            cache_position=torch.arange(4), position_bias=None, use_cache=False)
+    assert out.shape == (1, 4, 2, 32)
+
+
+def test_t5_relative_position_bias_is_refused():
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=1, num_heads=4)
+    model = transformers.T5ForConditionalGeneration._from_config(cfg, attn_implementation="dash")
+    ids = torch.stack(tokens([6], seed=13))
+    with pytest.raises(NotImplementedError, match="position_bias"):
+        model(input_ids=ids, decoder_input_ids=ids)
+
+
+@pytest.mark.parametrize("config", [
+    transformers.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=1, n_head=4),
+    transformers.GPTNeoConfig(vocab_size=VOCAB, hidden_size=64, num_layers=1, num_heads=4,
+                              attention_types=[[["global"], 1]]),
+    transformers.MptConfig(vocab_size=VOCAB, d_model=64, n_layers=1, n_heads=4),
+], ids=lambda c: type(c).__name__)
+def test_models_with_attention_code_of_their_own_are_refused_when_built(config):
+    """They never call the attention function but would get the dash mask, which has no causal
+    part: Bloom ran unmasked before this refusal."""
+    with pytest.raises(ValueError, match="runs attention code of its own"):
+        transformers.AutoModelForCausalLM.from_config(config, attn_implementation="dash")
+    transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+
+
+@pytest.mark.parametrize("config, reaches", [
+    (LlamaConfig(**_COMMON), True),
+    (transformers.BartConfig(), True),      # says no attention backend, yet its layers dispatch by name
+    (transformers.CLIPConfig(), True),      # composite: its sub-models are checked when they are built
+    (transformers.MptConfig(), False),      # a sub-config of options, not of a model
+    (transformers.BloomConfig(), False),
+], ids=lambda x: type(x).__name__ if not isinstance(x, bool) else str(x))
+def test_which_models_reach_the_attention_function(config, reaches):
+    model_class = transformers.AutoModel._model_mapping[type(config)]
+    assert dash_hf._reaches_attention_interface(model_class, config) is reaches
+
+
 def test_output_attentions_warns_that_no_weights_come(saved):
     """As transformers' sdpa and flash paths: a warning (pipelines pass the flag on), not empty
     `attentions` in silence; the outputs are those of the call without the flag."""
