@@ -1,4 +1,5 @@
-"""The foundation's Hugging Face models on the GPU, through the Triton kernels (bf16).
+"""The foundation's Hugging Face models on the GPU, through the kernels (bf16): the Triton backend,
+and whichever backend `auto` takes there (the Hopper backend on an sm90 GPU with the hopper extra).
 
 Same tiny models and padded batches as tests/test_hf_models.py; the GPU "dash" run in bf16 is
 compared with the fp32 eager run of the same weights on the CPU, by relative Frobenius error.
@@ -14,15 +15,26 @@ pytestmark = pytest.mark.gpu
 BF16_TOL = 3e-2
 
 
+def _auto_backend_here(head_dim):
+    from dash_plugin.kernels import hopper, hopper_backend
+    from dash_plugin.kernels.hopper.tile_table import head_dim_refusal
+    on_hopper = hopper_backend._is_sm90(torch.device("cuda")) and hopper.available()
+    return "hopper" if on_hopper and head_dim_refusal(head_dim) is None else "triton"
+
+
+@pytest.mark.parametrize("backend", ("triton", "auto"))
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_hf_model_on_gpu_through_kernels_matches_fp32_eager(saved, name):  # noqa: F811
+def test_hf_model_on_gpu_through_kernels_matches_fp32_eager(saved, name, backend):  # noqa: F811
     ids, mask = pad_batch(tokens([12, 7, 10]), "left")
     weight = mask[..., None].float() * torch.randn(*ids.shape, 128, generator=torch.Generator().manual_seed(2))
     want_logits, want_grads = logits_and_grads(load(saved[name], "eager"), weight, input_ids=ids, attention_mask=mask)
     model = load(saved[name], "dash").to("cuda", torch.bfloat16)
-    logits, grads = logits_and_grads(model, weight.cuda().bfloat16(), input_ids=ids.cuda(), attention_mask=mask.cuda())
+    logits, grads = logits_and_grads(model, weight.cuda().bfloat16(), input_ids=ids.cuda(), attention_mask=mask.cuda(),
+                                     dash_backend=backend)
     ran = dash_plugin.last_resolved()
-    assert ran.concrete_backend == "triton" and ran.deterministic, ran.describe()
+    from dash_plugin.integrations.transformers import _head_dim
+    want = "triton" if backend == "triton" else _auto_backend_here(_head_dim(model.config)[0])
+    assert ran.concrete_backend == want and ran.deterministic, ran.describe()
     assert grads.keys() == want_grads.keys()
     keep = mask.bool()
     assert rel(logits[keep], want_logits[keep]) < BF16_TOL
