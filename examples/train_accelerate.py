@@ -254,8 +254,8 @@ def main(argv=None) -> int:
 
     from dash_plugin.integrations.accelerate import setup_deterministic_training
     from dash_plugin.repro.data import ByteBlocks, stdlib_corpus
-    from dash_plugin.repro.fingerprint import (clear_final, exact, grad_digests, param_digests, peak_flops,
-                                               train_flops_per_token, write_jsonl)
+    from dash_plugin.repro.fingerprint import (GradOrder, clear_final, exact, grad_digests, param_digests,
+                                               peak_flops, train_flops_per_token, write_jsonl)
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -342,14 +342,17 @@ def main(argv=None) -> int:
             perturb(accelerator.unwrap_model(model), args.perturb[1])
         params_seen = param_digests(named)  # the weights this step's forward uses
 
+        watch = GradOrder(named) if step == start_step + 1 else None
         t0 = time.perf_counter()
         loss = model(**batch).loss
         accelerator.backward(loss)
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)
         sync(device)
         t1 = time.perf_counter()
-        grads = grad_digests(named)  # after clipping: the gradients the optimizer applies
+        # Before clipping: the gradients as the backward made them. Clipping scales all of them by one
+        # factor of the total norm (logged as grad_norm), so a difference anywhere would show everywhere.
+        grads = grad_digests(named)
         t2 = time.perf_counter()
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         # The run's loss: every process's loss gathered (exact) and averaged in rank order.
@@ -365,13 +368,18 @@ def main(argv=None) -> int:
                 "loss_float": float(loss_value), "tokens_per_s": tokens / seconds,
                 "mfu": tokens * flops_per_token / seconds / (peak * world) if peak else None,
                 "params": params_seen, "grads": grads})
-        if step == start_step + 1 and accelerator.is_main_process and args.attn == "dash":
-            # Record what the attention actually resolved to (schedule, determinism, and who decided).
-            import dash_plugin
+        if watch is not None:
+            order = watch.finish()
+            if accelerator.is_main_process:
+                if order:   # where the difference entered, for dash-repro compare
+                    meta["grad_order"] = order
+                if args.attn == "dash":
+                    # Record what the attention actually resolved to (schedule, determinism, and who decided).
+                    import dash_plugin
 
-            resolved = dash_plugin.last_resolved()
-            meta["dash_resolved"] = resolved.describe() if resolved is not None else None
-            (out / "meta.json").write_text(json.dumps(meta, indent=1))
+                    resolved = dash_plugin.last_resolved()
+                    meta["dash_resolved"] = resolved.describe() if resolved is not None else None
+                (out / "meta.json").write_text(json.dumps(meta, indent=1))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{float(loss_value):.4f}")

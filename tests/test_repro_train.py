@@ -72,6 +72,15 @@ def test_two_runs_are_bit_identical(run_a, tmp_path):
     meta = json.loads((run_a / "meta.json").read_text())
     assert meta["args"]["attn"] == "dash" and len(meta["param_names"]) == 21
     assert "deterministic=True" in meta["dash_resolved"]  # the dash attention ran, deterministically
+    # The order the backward produced the gradients in: the head first, each layer's MLP before its
+    # attention, the embedding last (not the reverse of the registration order, which puts the norms first).
+    order = meta["grad_order"]
+    assert sorted(order) == sorted(meta["param_names"]) and order[0] == "lm_head.weight"
+    at = order.index
+    assert at("model.layers.1.mlp.down_proj.weight") < at("model.layers.1.post_attention_layernorm.weight") \
+        < at("model.layers.1.self_attn.o_proj.weight") < at("model.layers.1.self_attn.q_proj.weight") \
+        < at("model.layers.1.input_layernorm.weight") < at("model.layers.0.mlp.down_proj.weight")
+    assert order[-1] == "model.embed_tokens.weight"
 
 
 def test_compare_finds_injected_difference(run_a, tmp_path):

@@ -589,3 +589,30 @@ def test_main_never_reports_a_bug_as_a_difference(monkeypatch, tmp_path, capsys)
     err = capsys.readouterr().err
     assert "TypeError: something unexpected" in err and "internal error (a bug in dash-repro" in err
 
+
+
+def _grads_differ_from_step_2(run, names):
+    def edit(records):
+        for r in records[1:]:
+            for n in names:
+                r["grads"][n] = "other"
+    edit_steps(run, edit)
+
+
+def test_grads_are_named_in_the_recorded_backward_order(tmp_path):
+    """meta.json's grad_order (the order the backward made the gradients) decides which differing
+    gradient is named first, i.e. where the difference entered; both runs must have recorded it."""
+    a, b = write_run(tmp_path / "a", 3), write_run(tmp_path / "b", 3)
+    _grads_differ_from_step_2(b, NAMES[1:3])
+    cmp = compare_runs(a, b)
+    # Without a recorded order: model order reversed (layer 1 before layer 0).
+    assert cmp.first.step == 2 and "grads (in backward order) of 2 tensors" in cmp.verdict()
+    assert cmp.verdict().index(NAMES[2]) < cmp.verdict().index(NAMES[1])
+    order = [NAMES[3], NAMES[1], NAMES[2], NAMES[0]]   # a backward that made layer 0's gradient first
+    for run in (a, b):
+        edit_json(Path(run) / "meta.json", lambda m: m.update(grad_order=order))
+    verdict = compare_runs(a, b).verdict()
+    assert verdict.index(NAMES[1]) < verdict.index(NAMES[2]), verdict
+    edit_json(Path(b) / "meta.json", lambda m: m.update(grad_order=order[::-1]))   # the runs disagree: not used
+    verdict = compare_runs(a, b).verdict()
+    assert verdict.index(NAMES[2]) < verdict.index(NAMES[1]), verdict

@@ -34,6 +34,8 @@ class StepDifference:
     step: int
     scalars: dict[str, tuple[str, str]]  # field -> (A, B), only the differing ones
     tensors: dict[str, list[str]]  # "params" / "grads" -> differing tensor names, in model order
+    # The order in which the run's backward produced its gradients (meta.json's "grad_order"), if recorded
+    backward_order: list[str] = field(default_factory=list)
 
     def describe(self, limit: int = 4) -> str:
         parts = [f"{k} {a} vs {b}" for k, (a, b) in self.scalars.items()]
@@ -41,9 +43,10 @@ class StepDifference:
             if names:
                 what = "weights" if kind == "params" else "grads (in backward order)"
                 if kind == "grads":
-                    # The backward computes the last layers' gradients first: the first name shown is
-                    # the earliest computed gradient that differs, i.e. where the difference entered.
-                    names = names[::-1]
+                    # The first name shown is the earliest computed gradient that differs, i.e. where the
+                    # difference entered: in the recorded backward order, else model order reversed (the
+                    # backward computes the last layers' gradients first).
+                    names = in_backward_order(names, self.backward_order)
                 shown = ", ".join(f"{n} ({layer_of(n)})" for n in names[:limit])
                 more = f" and {len(names) - limit} more" if len(names) > limit else ""
                 layers = sorted({layer_of(n) for n in names}, key=_layer_key)
@@ -353,6 +356,15 @@ def diff_step(a: dict, b: dict, order: list[str], fields: set[str]) -> StepDiffe
     return StepDifference(a["step"], scalars, tensors)
 
 
+def in_backward_order(names: list[str], backward_order: list[str]) -> list[str]:
+    """`names` (in model order) in the order the backward produced them: by `backward_order` where it is
+    recorded (names it lacks last, in reverse model order), else model order reversed."""
+    if not backward_order:
+        return names[::-1]
+    rank = {n: i for i, n in enumerate(backward_order)}
+    return sorted(names[::-1], key=lambda n: rank.get(n, len(rank)))
+
+
 def param_order(meta: dict, steps: list[dict]) -> list[str]:
     """Parameter names in model order: from meta.json, else from the first step's record."""
     return meta.get("param_names") or (list(steps[0].get("params", {})) if steps else [])
@@ -459,6 +471,8 @@ def compare_runs(run_a, run_b) -> Comparison:
                            f"(no loss, grad norm, lr or digests recorded by both)")
     order = param_order(a.meta, a.steps)
     first = first_difference(a.steps, b.steps, order)
+    if first is not None and a.meta.get("grad_order") == b.meta.get("grad_order"):
+        first.backward_order = list(a.meta.get("grad_order") or [])
     ta, tb = a.tensors, b.tensors
     final_tensors = [n for n in sorted(set(ta) | set(tb), key=lambda n: (n not in order, order.index(n)
                                                                          if n in order else 0, n))

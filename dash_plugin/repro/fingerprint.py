@@ -80,6 +80,28 @@ def grad_digests(named_params) -> dict[str, str]:
     return {name: tensor_digest(p.grad) for name, p in named_params if p.grad is not None}
 
 
+class GradOrder:
+    """The order in which one backward produces the parameters' gradients, from a hook on each parameter
+    that fires when its gradient has been accumulated; `finish` removes the hooks. Where not every
+    parameter reported (FSDP2's sharded parameters get their gradients from its reduce-scatter, not
+    from autograd), `finish` returns [] and the order is not claimed."""
+
+    def __init__(self, named_params):
+        self.names, self.order, self.handles = [], [], []
+        for name, p in named_params:
+            if p.requires_grad:
+                self.names.append(name)
+                self.handles.append(p.register_post_accumulate_grad_hook(
+                    lambda _, name=name: self.order.append(name)))
+
+    def finish(self) -> list[str]:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        seen = list(dict.fromkeys(self.order))   # the first accumulation of each (gradient accumulation)
+        return seen if len(seen) == len(self.names) else []
+
+
 def write_jsonl(fh, record: dict) -> None:
     """One JSON record per line, flushed at once so a watcher (dash-repro run's progress bar) sees it."""
     fh.write(json.dumps(record, sort_keys=False) + "\n")
