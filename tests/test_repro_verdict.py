@@ -364,6 +364,20 @@ def test_run_refuses_a_directory_with_results_unless_force(tmp_path, stand_in, c
     assert not (out / "run1" / "mine.txt").exists() and not (out / "run1" / "INCOMPLETE").exists()
 
 
+def test_force_never_deletes_the_checkpoint_it_is_to_resume_from(tmp_path, stand_in, capsys):
+    out = tmp_path / "runs"
+    assert main(["run", "--out", str(out), "--script", str(stand_in), "--steps", "2"]) == 0
+    capsys.readouterr()
+    ckpt = out / "run1" / "checkpoint"
+    ckpt.mkdir()
+    (ckpt / "state.json").write_text("{}")
+    assert main(["run", "--out", str(out), "--script", str(stand_in), "--steps", "2", "--force",
+                 "--resume-from", str(ckpt)]) == 2
+    err = capsys.readouterr().err
+    assert f"--force would delete {out / 'run1'}, which holds --resume-from {ckpt}; resume into another --out" in err
+    assert (ckpt / "state.json").exists() and (out / "run2" / "steps.jsonl").exists()   # nothing was deleted
+
+
 def test_run_with_out_that_is_a_file(tmp_path, stand_in, capsys):
     out = tmp_path / "file.txt"
     out.write_text("not a directory")
@@ -417,9 +431,12 @@ SLEEPER = """import os, subprocess, sys, time
 from pathlib import Path
 out = Path(sys.argv[sys.argv.index("--out") + 1])
 out.mkdir(parents=True, exist_ok=True)
-# A worker of its own, as `accelerate launch` has: it must be stopped with the run.
+# A worker of its own, as `accelerate launch` has: it must be stopped with the run. And one in a session
+# of its own, as torchrun's and `accelerate launch --multi_gpu`'s elastic launcher starts its workers:
+# not in the run's process group, and re-parented once its launcher is killed.
 worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-(out / "pids.tmp").write_text(f"{os.getpid()} {worker.pid}")
+elastic = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+(out / "pids.tmp").write_text(f"{os.getpid()} {worker.pid} {elastic.pid}")
 (out / "pids.tmp").rename(out / "pids")
 time.sleep(300)
 """
@@ -450,7 +467,7 @@ def _group_members(pgid: int) -> list[int]:
 def _start_sleeper_run(tmp_path):
     """`dash-repro run` of SLEEPER, once its trainer and worker are up and the run's watchdog is
     running (INCOMPLETE names the process group after the watchdog started).
-    Returns (dash-repro process, out folder, (trainer, worker))."""
+    Returns (dash-repro process, out folder, (trainer, worker, worker in a session of its own))."""
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     out = tmp_path / "runs"
@@ -472,27 +489,31 @@ def _leave_no_sleeper(cli, out):
         cli.kill()
     pids = out / "run1" / "pids"
     if pids.exists():  # whatever the outcome, leave no sleeper behind
-        for pid in _group_members(int(pids.read_text().split()[0])):
+        trainer, *workers = map(int, pids.read_text().split())
+        for pid in {*_group_members(trainer), *(w for w in workers if _alive(w))}:
             os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
 def test_sigterm_stops_the_whole_run_and_marks_it_incomplete(tmp_path, capsys):
-    cli, out, (trainer, worker) = _start_sleeper_run(tmp_path)
+    cli, out, (trainer, worker, elastic) = _start_sleeper_run(tmp_path)
     try:
         assert _alive(trainer) and _alive(worker) and set(_group_members(trainer)) == {trainer, worker}
+        assert _alive(elastic)
         assert f"(process group {trainer})" in (out / "run1" / "INCOMPLETE").read_text()  # while it trains
 
         cli.send_signal(signal.SIGTERM)
         _, err = cli.communicate(timeout=60)
+        deadline = time.monotonic() + 10  # the worker is orphaned by the kill; init collects it
+        while (_group_members(trainer) or _alive(elastic)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # Checked before the clean-up below, which kills whatever is left.
+        assert _group_members(trainer) == [] and not _alive(trainer) and not _alive(worker)
+        assert not _alive(elastic), "the worker in a session of its own outlived the stop"
     finally:
         _leave_no_sleeper(cli, out)
     assert cli.returncode == 2, err
     assert "stopped by SIGTERM; the training was killed and marked incomplete" in err and "Traceback" not in err
-    deadline = time.monotonic() + 10  # the worker is orphaned by the kill; init collects it
-    while _group_members(trainer) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _group_members(trainer) == [] and not _alive(trainer) and not _alive(worker)
     marker = (out / "run1" / "INCOMPLETE").read_text()
     assert marker.startswith("stopped by SIGTERM") and f"process group {trainer} was killed" in marker
     assert not (out / "run2").exists()  # run2 never started
@@ -504,16 +525,17 @@ def test_sigterm_stops_the_whole_run_and_marks_it_incomplete(tmp_path, capsys):
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc (Linux)")
 def test_sigkill_of_dash_repro_still_stops_the_run(tmp_path):
     """SIGKILL cannot be caught: the run's watchdog sees dash-repro's end of its pipe close and
-    kills the run's process group (trainer and worker), so no training is left behind."""
-    cli, out, (trainer, worker) = _start_sleeper_run(tmp_path)
+    kills the run's process group (trainer and worker) and the workers in sessions of their own, so no
+    training is left behind."""
+    cli, out, (trainer, worker, elastic) = _start_sleeper_run(tmp_path)
     try:
-        assert _alive(trainer) and _alive(worker)
+        assert _alive(trainer) and _alive(worker) and _alive(elastic)
         cli.kill()
         cli.communicate(timeout=30)
         deadline = time.monotonic() + 30   # the watchdog reads end of file and kills the group
-        while (_alive(trainer) or _alive(worker)) and time.monotonic() < deadline:
+        while (_alive(trainer) or _alive(worker) or _alive(elastic)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(trainer) and not _alive(worker)
+        assert not _alive(trainer) and not _alive(worker) and not _alive(elastic)
     finally:
         _leave_no_sleeper(cli, out)
     marker = (out / "run1" / "INCOMPLETE").read_text()

@@ -30,6 +30,7 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
+from dash_plugin.repro import proctree
 from dash_plugin.repro.compare import INCOMPLETE, compare_runs
 
 SCRIPT_ENV = "DASH_REPRO_SCRIPT"
@@ -123,16 +124,17 @@ class _TrainingOptions(argparse.ArgumentParser):
         raise RunFailed(message)
 
 
-def _steps_in(train_args: list[str]) -> int:
-    """The --steps the training script will run (its default is 30), after checking the training options
-    dash-repro reads (--steps, --stop-at, --attn): a bad one is a RunFailed before any run starts, reported as
-    dash-repro run's own error (this parser has no usage line of its own to show)."""
+def _training_options(train_args: list[str]) -> argparse.Namespace:
+    """The training options dash-repro reads (--steps, --stop-at, --attn, --resume-from), checked: a bad one
+    is a RunFailed before any run starts, reported as dash-repro run's own error (this parser has no usage
+    line of its own to show)."""
     # Abbreviations as the training script's parser takes them (--step 0 is its --steps 0): else such an option
     # would pass unchecked here.
     p = _TrainingOptions(add_help=False, exit_on_error=False)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--stop-at", type=int, default=None)
     p.add_argument("--attn", choices=ATTN_CHOICES, default=None)
+    p.add_argument("--resume-from", type=Path, default=None)
     try:
         known, _ = p.parse_known_args(train_args)
     except argparse.ArgumentError as e:
@@ -143,7 +145,7 @@ def _steps_in(train_args: list[str]) -> int:
         raise RunFailed(f"--steps={known.steps} is not allowed; pass a positive integer")
     if known.stop_at is not None and not 1 <= known.stop_at <= known.steps:
         raise RunFailed(f"--stop-at={known.stop_at} is not allowed; pass a step in 1..--steps ({known.steps})")
-    return known.stop_at or known.steps
+    return known
 
 
 def _count_lines(path: Path) -> int:
@@ -180,15 +182,21 @@ def _file_in_the_way(d: Path) -> Path | None:
     return None
 
 
-def claim_run_dirs(dirs: list[Path], replace: bool = False) -> None:
+def claim_run_dirs(dirs: list[Path], replace: bool = False, resume_from: Path | None = None) -> None:
     """Make sure every run directory can be written and holds nothing: results of an earlier run are never
-    silently deleted, nor mixed with the new ones. replace=True (--force) deletes them first."""
+    silently deleted, nor mixed with the new ones. replace=True (--force) deletes them first, but never the
+    checkpoint the runs are to resume from."""
     for d in dirs:
         blocker = _file_in_the_way(d)
         if blocker is not None:
             raise RunFailed(f"cannot make the run directory {d}: {blocker} is a file; pass a directory as --out "
                             f"(it is made if missing)")
     taken = [d for d in dirs if d.is_dir() and any(d.iterdir())]
+    if replace and resume_from is not None:
+        holder = next((d for d in taken if resume_from.resolve().is_relative_to(d.resolve())), None)
+        if holder is not None:
+            raise RunFailed(f"--force would delete {holder}, which holds --resume-from {resume_from}; resume into "
+                            f"another --out (the checkpoint stays where it is)")
     if taken and not replace:
         raise RunFailed(f"{' and '.join(map(str, taken))} already hold{'s' if len(taken) == 1 else ''} results "
                         f"of an earlier run; pass --force to delete and replace them, or choose another --out")
@@ -205,13 +213,13 @@ def _mark_incomplete(d: Path, why: str) -> None:
 # ended and was handled; end of file without it means dash-repro died without cleaning up (SIGKILL, a crash
 # of the interpreter, the OOM killer), and the watchdog kills the run's process group so no training is left
 # writing into its directory (or holding a GPU) with no one to stop it.
-_WATCHDOG = """import os, signal, sys
+_WATCHDOG = """import importlib.util, sys
 pgid = int(sys.argv[1])
 if sys.stdin.buffer.read(1) != b"d":
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
+    spec = importlib.util.spec_from_file_location("proctree", sys.argv[2])
+    proctree = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(proctree)
+    proctree.kill_tree(pgid)
     sys.exit(3)
 """
 WATCHDOG_KILLED = 3   # the watchdog's exit status when it killed (or found gone) the run's group
@@ -219,8 +227,9 @@ WATCHDOG_KILLED = 3   # the watchdog's exit status when it killed (or found gone
 
 def _start_watchdog(pgid: int) -> subprocess.Popen:
     # A session of its own: a Ctrl-C at the terminal reaches dash-repro, which stops the runs itself.
-    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid)], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid), proctree.__file__],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
 def _release_watchdog(proc: subprocess.Popen) -> None:
@@ -254,7 +263,7 @@ def _start_run(d: Path, cmd: list[str], env: dict, shown_env: str):
     try:
         proc.dash_watchdog = _start_watchdog(proc.pid)
     except OSError:
-        os.killpg(proc.pid, signal.SIGKILL)
+        proctree.kill_tree(proc.pid)
         proc.wait()
         log.close()
         raise
@@ -287,10 +296,7 @@ def _stop_runs(running: list, why: str) -> list[Path]:
     stopped = []
     for d, proc, log, _ in running:
         was_training = proc.poll() is None  # else it failed by itself, and its marker says how
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # SIGKILL: nothing of a half-done run is worth saving
-        except ProcessLookupError:
-            pass
+        proctree.kill_tree(proc.pid)  # SIGKILL: nothing of a half-done run is worth saving
         proc.wait()
         _release_watchdog(proc)
         log.close()
@@ -321,8 +327,9 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
         raise RunFailed("do not pass --out to the training: dash-repro chooses one directory per run")
     if devices is not None and len(devices) != len(out_dirs):
         raise RunFailed(f"devices={devices} gives {len(devices)} devices for {len(out_dirs)} runs")
-    total = _steps_in(train_args)  # first: a bad option must not cost an earlier run's results (--force)
-    claim_run_dirs(out_dirs, replace)
+    known = _training_options(train_args)  # first: a bad option must not cost an earlier run's results (--force)
+    total = known.stop_at or known.steps
+    claim_run_dirs(out_dirs, replace, known.resume_from)
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")  # the same string hashing in every run
     pending = list(enumerate(out_dirs))
