@@ -378,6 +378,21 @@ def test_force_never_deletes_the_checkpoint_it_is_to_resume_from(tmp_path, stand
     assert (ckpt / "state.json").exists() and (out / "run2" / "steps.jsonl").exists()   # nothing was deleted
 
 
+@pytest.mark.parametrize("option, says", [(["--size", "tnyi"], "argument --size: invalid choice: 'tnyi'"),
+                                          (["--lr", "-1"], "--lr=-1.0 / --warmup=5 are not allowed")])
+def test_force_deletes_nothing_when_the_training_script_refuses_an_option(tmp_path, capsys, option, says):
+    """The bundled script's own parser runs before --force deletes (it would refuse the option only
+    once the runs had started)."""
+    from dash_plugin.repro.cli import find_script
+    out = tmp_path / "runs"
+    for d in (out / "run1", out / "run2"):
+        write_run(d, 2)
+    assert main(["run", "--out", str(out), "--script", str(find_script(None)), "--force", *option]) == 2
+    err = capsys.readouterr().err
+    assert f"the training script refuses these options ({says}" in err and "nothing was deleted" in err
+    assert (out / "run1" / "steps.jsonl").exists() and (out / "run2" / "final.json").exists()
+
+
 def test_run_with_out_that_is_a_file(tmp_path, stand_in, capsys):
     out = tmp_path / "file.txt"
     out.write_text("not a directory")

@@ -148,6 +148,33 @@ def _training_options(train_args: list[str]) -> argparse.Namespace:
     return known
 
 
+def _check_with_the_bundled_parser(script: Path, train_args: list[str]) -> None:
+    """Run the bundled training script's own option parser on `train_args`, here and now: with --force, an
+    option it would refuse must not cost the results about to be deleted. Other scripts are not imported
+    (their module code could do anything); for them only the options above are checked first."""
+    try:
+        bundled = find_script(None)
+    except RunFailed:
+        return
+    if script.resolve() != bundled.resolve():
+        return
+    import contextlib
+    import importlib.util
+    import io
+
+    spec = importlib.util.spec_from_file_location("_dash_repro_training_script", bundled)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            module.parse_args([*train_args, "--out", "unused"])
+    except SystemExit:
+        reason = (said.getvalue().strip().splitlines() or ["its option parser exited"])[-1]
+        raise RunFailed(f"the training script refuses these options ({reason.split('error: ', 1)[-1]}); nothing "
+                        f"was deleted") from None
+
+
 def _count_lines(path: Path) -> int:
     try:
         with open(path, "rb") as fh:
@@ -329,6 +356,8 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
         raise RunFailed(f"devices={devices} gives {len(devices)} devices for {len(out_dirs)} runs")
     known = _training_options(train_args)  # first: a bad option must not cost an earlier run's results (--force)
     total = known.stop_at or known.steps
+    if replace and any(d.is_dir() and any(d.iterdir()) for d in out_dirs):
+        _check_with_the_bundled_parser(script, train_args)
     claim_run_dirs(out_dirs, replace, known.resume_from)
     env = dict(os.environ)
     env.setdefault("PYTHONHASHSEED", "0")  # the same string hashing in every run
