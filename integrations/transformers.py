@@ -412,8 +412,8 @@ def _packed_from_kwargs(kwargs):
 
 
 # Keywords some layers pass that change the scores in ways this function cannot express; dropping
-# them would be silently wrong. Any other tensor a layer passes is refused too, unless the function
-# reads it or it leaves the scores alone (_TENSOR_KWARGS_KNOWN).
+# them would be silently wrong. Named, not "any unknown tensor": the Trainer's num_items_in_batch and
+# the like reach every layer through the model's keyword arguments and leave the scores alone.
 _SCORE_CHANGING_KWARGS = {
     "s_aux": "attention sinks (`s_aux`, e.g. gpt-oss)",
     "sinks": "attention sinks (`sinks`)",
@@ -423,7 +423,6 @@ _SCORE_CHANGING_KWARGS = {
     "alibi": "ALiBi position biases (`alibi`)",
     "rel_pos": "relative position biases (`rel_pos`)",
 }
-_TENSOR_KWARGS_KNOWN = {"position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "cache_position"}
 
 
 def _reject_unsupported(attention_mask, kwargs, module=None):
@@ -434,11 +433,9 @@ def _reject_unsupported(attention_mask, kwargs, module=None):
         warn_user("dash attention does not return attention weights: output_attentions=True gives no "
                   "`attentions`. Use attn_implementation='eager' to get them", stacklevel=3)
     layer = type(module).__name__ if module is not None else "the layer"
-    for name, value in kwargs.items():
-        if value is None or name not in _SCORE_CHANGING_KWARGS and (
-                name in _TENSOR_KWARGS_KNOWN or not isinstance(value, torch.Tensor)):
+    for name, what in _SCORE_CHANGING_KWARGS.items():
+        if kwargs.get(name) is None:
             continue
-        what = _SCORE_CHANGING_KWARGS.get(name, f"the tensor argument `{name}`, which it cannot apply")
         raise NotImplementedError(f"dash attention does not support {what}, passed by {layer}; it would be "
                                   "dropped and the scores would be wrong. Use attn_implementation='sdpa' or "
                                   "'eager' for this model")

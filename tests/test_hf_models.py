@@ -429,20 +429,22 @@ def test_sinks_are_not_implemented():
         dash_hf.dash_attention_forward(_Layer(), q, q, q, None, s_aux=torch.zeros(2))
 
 
-@pytest.mark.parametrize("name", ["position_bias", "sinks", "indices", "some_new_bias"])
+@pytest.mark.parametrize("name", ["position_bias", "sinks", "indices", "block_indices", "alibi"])
 def test_score_changing_tensor_arguments_are_refused_by_name(name):
     """Layers pass what changes their scores as keywords (T5's position bias, sinks, sparse
-    indices); a tensor this function does not read must not be dropped in silence."""
+    indices): they must not be dropped in silence."""
     q = torch.randn(1, 2, 4, 32)
     with pytest.raises(NotImplementedError, match=rf"`{name}`.*passed by _Layer.*attn_implementation='sdpa'"):
         dash_hf.dash_attention_forward(_Layer(), q, q, q, None, **{name: torch.zeros(1, 2, 4, 4)})
 
 
 def test_bookkeeping_arguments_pass():
-    """The tensors it reads or that leave the scores alone, and non-tensor flags, are not refused."""
+    """What leaves the scores alone passes: the Trainer's num_items_in_batch reaches every layer through
+    the model's keyword arguments, and T5-style layers pass position_bias=None where they have none."""
     q = torch.randn(1, 2, 4, 32)
     out, _ = dash_hf.dash_attention_forward(_Layer(), q, q, q, None, position_ids=torch.arange(4)[None],
-                                            cache_position=torch.arange(4), position_bias=None, use_cache=False)
+                                            cache_position=torch.arange(4), position_bias=None, use_cache=False,
+                                            num_items_in_batch=torch.tensor(8))
     assert out.shape == (1, 4, 2, 32)
 
 

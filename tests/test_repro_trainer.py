@@ -32,14 +32,22 @@ def restore_process_state():
 
 
 def trainer_run(out, data, *, gpu=False, steps=4, seq_len=64, hidden=64, heads=2, kv_heads=1, layers=2,
-                logging_steps=1):
+                logging_steps=1, stop_at=None, resume=None):
     """One Trainer run with fingerprints in OUT. On the CPU in fp32; with gpu=True on CUDA with bf16 mixed
     precision, where the dash attention runs its Triton kernels."""
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
+    from transformers import TrainerCallback
+
+    class StopAt(TrainerCallback):   # a run cut short after a checkpoint, as by a crash or a time limit
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == stop_at:
+                control.should_save = control.should_training_stop = True
+
     args = TrainingArguments(output_dir=str(out / "hf"), max_steps=steps, per_device_train_batch_size=4,
                              learning_rate=3e-3, warmup_steps=1, logging_steps=logging_steps, seed=7,
-                             full_determinism=True, use_cpu=not gpu, bf16=gpu, save_strategy="no", report_to=[],
+                             full_determinism=True, use_cpu=not gpu, bf16=gpu, report_to=[],
+                             save_strategy="steps" if stop_at else "no", save_steps=stop_at or 500,
                              dataloader_num_workers=0, disable_tqdm=True)
     config = LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -48,8 +56,8 @@ def trainer_run(out, data, *, gpu=False, steps=4, seq_len=64, hidden=64, heads=2
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     trainer = Trainer(model=model, args=args, train_dataset=ByteBlocks(data, seq_len, "train"),
-                      callbacks=[FingerprintCallback(out)])
-    trainer.train()
+                      callbacks=[FingerprintCallback(out)] + ([StopAt()] if stop_at else []))
+    trainer.train(resume_from_checkpoint=resume)
     assert model.config._attn_implementation == "dash"
     return [h["loss"] for h in trainer.state.log_history if "loss" in h]
 
@@ -77,6 +85,23 @@ def test_trainer_two_runs_identical(tmp_path, monkeypatch):
     assert len(set(losses_a)) == 4 and steps[0]["params"] != steps[-1]["params"]  # it trained
     assert all(s["grads"] for s in steps)
     assert json.loads((tmp_path / "a" / "final.json").read_text())["last_step"] == 4  # where the log must end
+
+
+def test_trainer_run_stopped_and_resumed_into_its_directory_equals_an_uninterrupted_one(tmp_path):
+    """The callback keeps the records up to the checkpoint when the run resumes into the same directory
+    (it truncated them before, and compare then refused the pair as not aligned)."""
+    data = stdlib_corpus(64 * 200)
+    trainer_run(tmp_path / "whole", data, steps=6)
+    trainer_run(tmp_path / "cut", data, steps=6, stop_at=3)
+    assert [s["step"] for s in read_jsonl(tmp_path / "cut" / "steps.jsonl")] == [1, 2, 3]
+    trainer_run(tmp_path / "cut", data, steps=6, resume=str(tmp_path / "cut" / "hf" / "checkpoint-3"))
+    assert [s["step"] for s in read_jsonl(tmp_path / "cut" / "steps.jsonl")] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((tmp_path / "cut" / "meta.json").read_text())["first_step"] == 1
+    cmp = compare_runs(tmp_path / "whole", tmp_path / "cut")
+    assert cmp.identical, cmp.report()
+    # Into a directory of its own the resumed run logs from the checkpoint on, as before.
+    trainer_run(tmp_path / "fresh", data, steps=6, resume=str(tmp_path / "cut" / "hf" / "checkpoint-3"))
+    assert json.loads((tmp_path / "fresh" / "meta.json").read_text())["first_step"] == 4
 
 
 def test_trainer_runs_with_other_logging_steps(tmp_path, capsys):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from dash_plugin.repro.fingerprint import (clear_final, exact, grad_digests, param_digests, write_final,
-                                           write_jsonl)
+from dash_plugin.repro.fingerprint import (clear_final, exact, grad_digests, param_digests, read_jsonl,
+                                           write_final, write_jsonl)
 
 # TrainingArguments that define the training (compared between runs); paths and names are left out.
 _KEY_ARGS = ("seed", "data_seed", "full_determinism", "learning_rate", "max_steps", "num_train_epochs",
@@ -40,12 +40,31 @@ class FingerprintCallback(TrainerCallback):
         self.out.mkdir(parents=True, exist_ok=True)
         clear_final(self.out)
         names = [n for n, _ in model.named_parameters()]
-        # first_step: a run resumed from a checkpoint (global_step already set) logs from there on.
+        # first_step: a run resumed from a checkpoint (global_step already set) logs from there on, after
+        # the records of the steps up to the checkpoint where this directory holds them all.
+        kept, first_step = self._records_before(state.global_step)
         meta = {"args": {k: getattr(args, k, None) for k in _KEY_ARGS},
                 "attention": getattr(model.config, "_attn_implementation", None), "param_names": names,
-                "trainer": True, "first_step": state.global_step + 1}
+                "trainer": True, "first_step": first_step}
         (self.out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         self._fh = open(self.out / "steps.jsonl", "w")
+        for record in kept:
+            write_jsonl(self._fh, record)
+
+    def _records_before(self, resumed_at: int) -> tuple[list, int]:
+        """(records to keep, first step of the log) for a run starting after step `resumed_at`: the earlier
+        records of this directory when they run without a gap from its first step to `resumed_at` (the same
+        run, stopped and resumed into its own directory), else none."""
+        if resumed_at == 0:
+            return [], 1
+        try:
+            first = json.loads((self.out / "meta.json").read_text()).get("first_step", 1)
+            records = [r for r in read_jsonl(self.out / "steps.jsonl") if r["step"] <= resumed_at]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return [], resumed_at + 1
+        if [r["step"] for r in records] != list(range(first, resumed_at + 1)):
+            return [], resumed_at + 1
+        return records, first
 
     # The digests are taken on every process, not only the one that writes: a sharded (FSDP2) tensor's
     # digest gathers it, which every rank must join.
