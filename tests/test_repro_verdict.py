@@ -267,6 +267,10 @@ def test_the_same_run_twice_is_refused(pair, capsys):
     (a.parent / "link").symlink_to(a)
     for other in (a, a.parent / ".." / a.parent.name / "a", f"{a}/", a.parent / "link"):
         refused(capsys, a, other, f"{a} and {other} are the same run directory")
+    # plot too: one curve drawn against itself said nothing, with exit 0
+    assert main(["plot", str(a), str(a.parent / "link"), "-o", str(a.parent / "self.png")]) == 2
+    assert "are the same run directory: plot two different runs" in capsys.readouterr().err
+    assert not (a.parent / "self.png").exists()
 
 
 def test_logs_that_start_at_other_steps_name_the_file_and_line(pair, capsys):

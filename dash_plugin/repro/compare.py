@@ -454,10 +454,14 @@ def first_nonfinite(steps_a: list[dict], steps_b: list[dict], shared: list[set[s
     return None
 
 
-def compare_runs(run_a, run_b) -> Comparison:
+def refuse_one_run_twice(run_a, run_b, verb: str) -> None:
+    """One run checked against itself proves nothing (a typo, `..`, a symlink to the same directory)."""
     if Path(run_a).exists() and Path(run_b).exists() and os.path.samefile(run_a, run_b):
-        # One run checked against itself proves nothing (a typo, `..`, a symlink to the same directory).
-        raise RunFileError(f"{run_a} and {run_b} are the same run directory: compare two different runs")
+        raise RunFileError(f"{run_a} and {run_b} are the same run directory: {verb} two different runs")
+
+
+def compare_runs(run_a, run_b) -> Comparison:
+    refuse_one_run_twice(run_a, run_b, "compare")
     a, b = load_run(run_a), load_run(run_b)
     for run in (a, b):
         if not run.steps:  # zero steps would make every check vacuous

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from dash_plugin.repro.compare import check_aligned, first_difference, load_steps, shared_fields
+from dash_plugin.repro.compare import (check_aligned, first_difference, load_steps, refuse_one_run_twice,
+                                       shared_fields)
 from dash_plugin.repro.fingerprint import RunFileError, from_exact
 
 
@@ -25,6 +26,7 @@ def plot_runs(run_a, run_b, out_png, *, labels=("run A", "run B"), title=None) -
     import matplotlib.pyplot as plt
 
     out_png = output_path(out_png)
+    refuse_one_run_twice(run_a, run_b, "plot")
     # Only the steps are needed: an unfinished run (still training, or stopped) can be plotted.
     a, b = load_steps(run_a), load_steps(run_b)
     if not a or not b:
