@@ -63,7 +63,7 @@ _lock = threading.Lock()
 
 def _register_attention(modeling_utils) -> None:
     modeling_utils.AttentionInterface.register(NAME, dash_attention_forward)
-    _check_head_dim_at_load(modeling_utils.PreTrainedModel)
+    _check_model_at_load(modeling_utils.PreTrainedModel)
 
 
 def _head_dim(config):
@@ -79,13 +79,14 @@ def _head_dim(config):
     return None
 
 
-def _check_head_dim_at_load(pretrained_model) -> None:
-    """A head dim no path supports is refused when ``attn_implementation="dash"`` is set (model
-    construction, ``from_pretrained``, ``set_attn_implementation``), not at the first forward.
+def _check_model_at_load(pretrained_model) -> None:
+    """A model whose layers never call the attention function, or with a head dim no path supports, is
+    refused when ``attn_implementation="dash"`` is set (model construction, ``from_pretrained``,
+    ``set_attn_implementation``), not at the first forward.
     transformers has no hook for a registered function's own checks, so the check wraps the method
     every one of those calls goes through."""
     original = pretrained_model._check_and_adjust_attn_implementation
-    if getattr(original, "_dash_head_dim_check", False):
+    if getattr(original, "_dash_model_check", False):
         return
 
     def checked(self, attn_implementation, *args, **kwargs):
@@ -105,7 +106,7 @@ def _check_head_dim_at_load(pretrained_model) -> None:
                                  "attn_implementation='sdpa' or 'eager' for this model")
         return chosen
 
-    checked._dash_head_dim_check = True
+    checked._dash_model_check = True
     checked.__wrapped__ = original
     pretrained_model._check_and_adjust_attn_implementation = checked
 
@@ -432,11 +433,10 @@ def _reject_unsupported(attention_mask, kwargs, module=None):
         from dash_plugin.config import warn_user
         warn_user("dash attention does not return attention weights: output_attentions=True gives no "
                   "`attentions`. Use attn_implementation='eager' to get them", stacklevel=3)
-    layer = type(module).__name__ if module is not None else "the layer"
-    for name, what in _SCORE_CHANGING_KWARGS.items():
-        if kwargs.get(name) is None:
-            continue
-        raise NotImplementedError(f"dash attention does not support {what}, passed by {layer}; it would be "
+    passed = [what for name, what in _SCORE_CHANGING_KWARGS.items() if kwargs.get(name) is not None]
+    if passed:
+        layer = type(module).__name__ if module is not None else "the layer"
+        raise NotImplementedError(f"dash attention does not support {passed[0]}, passed by {layer}; it would be "
                                   "dropped and the scores would be wrong. Use attn_implementation='sdpa' or "
                                   "'eager' for this model")
     cache = kwargs.get("cache")

@@ -5,10 +5,11 @@ weight file, and compare then says that it compared the final weights by their d
     trainer = Trainer(model, args, train_dataset=ds, callbacks=[FingerprintCallback("runs/a")])
 
 Per step: the digests of the parameters the step starts from, of the gradients the optimizer applies (after
-clipping: the Trainer calls no callback between its backward and its clipping, so where clipping acts, a difference
-that changes the norm shows in every gradient), and the logged loss / grad norm / learning rate as exact hex floats. With `logging_steps=1` the logged
-loss is the step's loss; with larger values only logged steps carry one (the mean loss of the steps since the
-previous log), and the others have null there.
+clipping: the Trainer calls no callback between its backward and its clipping, so where clipping acts, a
+difference that changes the norm shows in every gradient), and the logged loss / grad norm / learning rate as
+exact hex floats. With `logging_steps=1` the logged loss is the step's loss; with larger values only logged steps
+carry one (the mean loss of the steps since the previous log), and the others have null there. A run resumed
+from a checkpoint into its own directory keeps the records up to the checkpoint.
 """
 
 from __future__ import annotations
