@@ -104,6 +104,16 @@ def test_trainer_run_stopped_and_resumed_into_its_directory_equals_an_uninterrup
     assert json.loads((tmp_path / "fresh" / "meta.json").read_text())["first_step"] == 4
 
 
+def test_trainer_runs_of_other_model_widths_say_which_config_field_differs(tmp_path):
+    data = stdlib_corpus(64 * 200)
+    trainer_run(tmp_path / "a", data, steps=2)
+    trainer_run(tmp_path / "b", data, steps=2, hidden=32)
+    cmp = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert not cmp.identical
+    assert "model config hidden_size differs: 64 vs 32" in cmp.notes, cmp.notes
+    assert "model config intermediate_size differs: 128 vs 64" in cmp.notes
+
+
 def test_trainer_runs_with_other_logging_steps(tmp_path, capsys):
     """logging_steps=2 logs the mean loss of two steps at every second step (null between): compare and plot
     use the losses both runs logged over the same steps, and nothing else counts as a difference."""

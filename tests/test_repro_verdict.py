@@ -151,7 +151,7 @@ def _rewrite_line(path, lineno, text):
     ('{"step": 2, "grad_norm": "-nan"}', "line 2: 'grad_norm' is '-nan', not float.hex's spelling"),
     ('{"step": 2, "grads": {"w": 1}}', "line 2: 'grads' must map tensor names to digest strings ('w' has 1)"),
     ('{"step": 2, "loss": ', "line 2: not valid JSON (column 20: Expecting value)"),
-    ('{"step": 1}', "steps.jsonl: step 1 follows step 1; every step must follow the one before it"),
+    ('{"step": 1}', "steps.jsonl line 2: step 1 follows step 1; every step must follow the one before it"),
     ('{"step": 2}', "steps.jsonl: step 2 holds nothing to compare"),
     ('{"step": 2, "loss": null, "params": {}, "grads": {}}', "steps.jsonl: step 2 holds nothing to compare"),
 ])
@@ -172,7 +172,13 @@ def test_the_same_step_missing_from_both_runs_is_refused(pair, capsys):
     for run in pair:
         lines = (run / "steps.jsonl").read_text().splitlines(True)
         (run / "steps.jsonl").write_text(lines[0] + lines[2])
-    refused(capsys, *pair, "step 3 follows step 1; every step must follow the one before it")
+    refused(capsys, *pair, "steps.jsonl line 2: step 3 follows step 1; every step must follow the one before it")
+
+
+def test_a_final_json_that_is_a_directory_is_named_as_such(pair, capsys):
+    (pair[1] / "final.json").unlink()
+    (pair[1] / "final.json").mkdir()
+    refused(capsys, *pair, f"{pair[1] / 'final.json'} is a directory, not the JSON file a run writes")
 
 
 def test_the_verdict_names_only_what_both_runs_recorded(pair, capsys):

@@ -192,12 +192,12 @@ def load_steps(path) -> list[dict]:
         raise RunFileError(f"{path} is not a run directory: it has no {STEPS} "
                            f"(write one with examples/train_accelerate.py --out {path})")
     steps = read_jsonl(path / STEPS, check=_step_problem)
-    for before, after in zip(steps, steps[1:]):
+    for k, (before, after) in enumerate(zip(steps, steps[1:]), start=1):
         if after["step"] != before["step"] + 1:
             # Both writers (the training example, FingerprintCallback) record every optimizer step: a gap
             # is a lost record, and two runs that lost the same one would otherwise compare equal.
-            raise RunFileError(f"{path / STEPS}: step {after['step']} follows step {before['step']}; "
-                               f"every step must follow the one before it (step + 1)")
+            raise RunFileError(f"{path / STEPS} line {_record_line(path / STEPS, k)}: step {after['step']} follows "
+                               f"step {before['step']}; every step must follow the one before it (step + 1)")
     for record in steps:
         if not _compared_fields(record):
             raise RunFileError(f"{path / STEPS}: step {record['step']} holds nothing to compare (no loss, grad "
@@ -212,6 +212,8 @@ def _compared_fields(record: dict) -> set[str]:
 
 
 def _read_object(path: Path, what: str) -> dict:
+    if path.is_dir():
+        raise RunFileError(f"{path} is a directory, not the JSON file a run writes")
     if not path.is_file():
         raise RunFileError(f"{path} is missing: {what}")
     value = read_json(path)
@@ -370,10 +372,15 @@ def param_order(meta: dict, steps: list[dict]) -> list[str]:
     return meta.get("param_names") or (list(steps[0].get("params", {})) if steps else [])
 
 
-def _first_line(path: Path) -> int:
-    """The line number of the first record in a JSON-lines file (read_jsonl skips blank lines)."""
+def _record_line(path: Path, index: int) -> int:
+    """The line number of record `index` (0 = the first) of a JSON-lines file (read_jsonl skips blank lines)."""
     with open(path) as fh:
-        return next((n for n, line in enumerate(fh, start=1) if line.strip()), 1)
+        records = (n for n, line in enumerate(fh, start=1) if line.strip())
+        return next((n for k, n in enumerate(records) if k == index), 1)
+
+
+def _first_line(path: Path) -> int:
+    return _record_line(path, 0)
 
 
 def check_aligned(run_a, steps_a: list[dict], run_b, steps_b: list[dict]) -> None:
@@ -424,6 +431,11 @@ def _notes(meta_a: dict, meta_b: dict) -> list[str]:
     for k in ("data_sha256", "device_name", "torch", "num_processes", "mixed_precision"):
         if k in meta_a and k in meta_b and meta_a[k] != meta_b[k]:
             notes.append(f"{k} differs: {meta_a[k]!r} vs {meta_b[k]!r}")
+    config_a, config_b = meta_a.get("model_config"), meta_b.get("model_config")   # FingerprintCallback's
+    if isinstance(config_a, dict) and isinstance(config_b, dict):
+        for k in sorted(set(config_a) | set(config_b)):
+            if config_a.get(k) != config_b.get(k):
+                notes.append(f"model config {k} differs: {config_a.get(k)!r} vs {config_b.get(k)!r}")
     return notes
 
 

@@ -28,6 +28,18 @@ _KEY_ARGS = ("seed", "data_seed", "full_determinism", "learning_rate", "max_step
              "lr_scheduler_type", "warmup_steps", "optim", "bf16", "fp16", "logging_steps")
 
 
+def _model_config(model) -> dict | None:
+    """The model's config as JSON values (compare notes where two runs' differ), without the fields that
+    name this run rather than the model (the attention implementation is recorded on its own)."""
+    try:
+        config = json.loads(model.config.to_json_string(use_diff=False))
+    except (AttributeError, TypeError, ValueError):
+        return None
+    for k in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dash_attention"):
+        config.pop(k, None)
+    return config
+
+
 class FingerprintCallback(TrainerCallback):
     def __init__(self, out_dir, save_weights: bool = True):
         self.out = Path(out_dir)
@@ -46,7 +58,7 @@ class FingerprintCallback(TrainerCallback):
         kept, first_step = self._records_before(state.global_step)
         meta = {"args": {k: getattr(args, k, None) for k in _KEY_ARGS},
                 "attention": getattr(model.config, "_attn_implementation", None), "param_names": names,
-                "trainer": True, "first_step": first_step}
+                "trainer": True, "first_step": first_step, "model_config": _model_config(model)}
         (self.out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
         self._fh = open(self.out / "steps.jsonl", "w")
         for record in kept:
