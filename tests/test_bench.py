@@ -341,6 +341,17 @@ def test_auto_table_py_is_read_by_the_schedule_model(tmp_path, monkeypatch):
         auto.load_rules.cache_clear()
 
 
+def test_auto_table_names_the_candidates_a_point_did_not_measure():
+    """The synthetic run has no spt and no arrival column; a run with only one Triton column (as the
+    Hopper-era runs whose dash-<schedule> columns ran Hopper kernels) leaves out all but that one."""
+    res = _synthetic_results()
+    assert autotable.unmeasured_candidates(res) == {key: ["spt", "arrival"] for key in (
+        "hdim128-causal-s16384", "hdim64-full-s2048", "hdim64-full-s8192")}
+    res["cells"] = [c for c in res["cells"] if c["impl"] in ("dash-shift", "sdpa-math")]
+    assert autotable.unmeasured_candidates(res)["hdim64-full-s8192"] == [
+        "ascending", "spt", "descending", "arrival", "split"]
+
+
 def test_auto_table_ignores_nondeterministic_cells():
     res = _synthetic_results()
     for c in res["cells"]:
@@ -406,8 +417,15 @@ def test_cli_tiny_cpu_run_end_to_end(tmp_path, capsys):
                 assert set(figures) == {"shift"} | auto_ran
                 best = max(figures.values())
                 assert rule["schedule"] == next(s for s in autotable.CANDIDATES if figures.get(s) == best)
-    log = capsys.readouterr().out
+    captured = capsys.readouterr()
+    log = captured.out
     assert "[4/4] hdim64-full-s256" in log and "dash-shift: fwd" in log
+    # Two columns measure at most two of the candidates: the table says so (it picked among them only).
+    missing = autotable.unmeasured_candidates(res, "reference")
+    assert set(missing) == {p["key"] for p in res["points"]}
+    assert all(set(autotable.CANDIDATES) - set(m) == {"shift"} | auto_ran for m in missing.values())
+    assert f"warning: the table picks among fewer than the {len(autotable.CANDIDATES)} candidates at 4 point(s)" \
+        in captured.err
     # GPU goals are not judged from CPU timings
     assert "-> not met" not in log and "-> met" not in log
     assert log.count("-> not judged (CPU timings; the goals are for the GPU)") == len(report.TARGETS)
@@ -889,6 +907,8 @@ def test_the_documented_targets_are_the_ones_the_report_judges():
     (["--write-auto-table", ""], "--write-auto-table '': give a file path"),
     (["--write-auto-table", "{tmp}"], "--write-auto-table {tmp}: is a folder; give a file path"),
     (["--impls", ","], "--impls ',' names no implementation; give a comma list of names or patterns"),
+    (["--rep-ms", "nan"], "rep_ms one > 0, got 2.0, nan"),   # NaN passed the range check
+    (["--warmup-ms", "inf"], "warmup_ms must be a finite number >= 0"),
 ])
 def test_bad_flags_are_named_with_what_is_allowed(argv, message, capsys, tmp_path):
     """Values argparse lets through are refused before anything runs (exit 2, one line, no traceback)."""

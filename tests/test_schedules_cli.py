@@ -94,6 +94,18 @@ def test_bad_flags(argv, words, capsys):
         assert "--seqlen-q" not in msg, msg
 
 
+def test_a_group_too_big_for_the_sms_is_an_error_line_with_the_model_options_too(capsys):
+    """The plan path refuses it with one line; the model's options (--assignment, --launch,
+    --group-size) reach the simulator's deadlock, which was a traceback."""
+    with pytest.raises(SystemExit) as e:
+        main(["--seqlen", "256", "--block-m", "64", "--block-n", "64", "--heads", "1", "--sms", "2",
+              "--schedules", "shift", "--assignment", "static"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err
+    assert err.splitlines()[-1].startswith("dash-schedule: error: shift on --sms 2 with the model's options: ")
+    assert "pick 'descending' or 'ascending'" in err
+
+
 def _figures(monkeypatch, argv):
     """The matplotlib figures `dash-schedule argv` draws (kept open), in drawing order."""
     from dash_plugin.schedules import gantt

@@ -80,6 +80,21 @@ def _boundary(lo: int, hi: int) -> int:
     return int(math.sqrt(lo * hi))
 
 
+def unmeasured_candidates(results: dict, backend: str = BACKEND) -> dict[str, list[str]]:
+    """{point key: the candidates with no usable cell there} for the MHA points that have a winner: a
+    schedule that was not measured at a point cannot win it, so a table from a run that measured one
+    or two candidates says little (the CLI warns)."""
+    cells = index_cells(results)
+    missing = {}
+    for p in results["points"]:
+        if p["heads_q"] != p["heads_kv"]:
+            continue
+        schedule, measured = _winner(cells, p["key"], backend)
+        if schedule is not None and len(measured) < len(CANDIDATES):
+            missing[p["key"]] = [c for c in CANDIDATES if c not in measured]
+    return missing
+
+
 def derive_auto_table(results: dict, backend: str = BACKEND) -> dict:
     """The winners among the cells that ran on `backend`, as JSON-ready data (rules sorted by mask,
     head dim, seqlen)."""

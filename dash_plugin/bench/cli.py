@@ -160,10 +160,17 @@ def _finish(results, args, command) -> int:
         value = "-" if row["value"] is None else f"{row['value']:.{row.get('digits', 2)}f}x"
         print(f"  target: {row['title']}: {value} (goal {row['op']} {row['goal']:.2f}x) -> {row['verdict']}")
     if args.write_auto_table:
-        from .autotable import write_auto_table
+        from .autotable import CANDIDATES, unmeasured_candidates, write_auto_table
         rules = write_auto_table(results, args.write_auto_table, results_path=args.from_json,
                                  backend=args.auto_table_backend)
         print(f"wrote {args.write_auto_table} ({len(rules)} rules)")
+        missing = unmeasured_candidates(results, args.auto_table_backend)
+        if missing:
+            key, which = next(iter(missing.items()))
+            print(f"warning: the table picks among fewer than the {len(CANDIDATES)} candidates at {len(missing)} "
+                  f"point(s) (e.g. {key}: no {args.auto_table_backend} cell of {', '.join(which)}); a schedule "
+                  f"that was not measured at a point cannot win it. Measure every deterministic schedule on "
+                  f"that backend before committing the table", file=sys.stderr)
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import math
 import os
 import platform
 import statistics
@@ -42,8 +43,9 @@ class Settings:
         if not isinstance(self.repeats, int) or self.repeats < 2:
             raise ValueError(f"repeats must be an int >= 2 (the first backward is compared with the others), "
                              f"got {self.repeats!r}")
-        if self.warmup_ms < 0 or self.rep_ms <= 0:
-            raise ValueError(f"warmup_ms must be >= 0 and rep_ms > 0, got {self.warmup_ms}, {self.rep_ms}")
+        if not (0 <= self.warmup_ms < math.inf and 0 < self.rep_ms < math.inf):   # NaN fails both
+            raise ValueError(f"warmup_ms must be a finite number >= 0 and rep_ms one > 0, got {self.warmup_ms}, "
+                             f"{self.rep_ms}")
         if not (isinstance(self.dropout_p, (int, float)) and 0.0 <= self.dropout_p < 1.0):
             raise ValueError(f"dropout_p must be a number in [0, 1) (0: no dropout), got {self.dropout_p!r}")
 

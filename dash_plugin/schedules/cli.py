@@ -26,7 +26,7 @@ from . import registry
 from .auto import mask_kind
 from .plan import AttentionShape, ResidencyError, launch_plan
 from .schedule import build_schedule
-from .simulate import simulate, simulate_plan
+from .simulate import SimulationDeadlock, simulate, simulate_plan
 
 # Upper bounds of the sizes: the model runs on the CPU, and past these a run exhausts memory
 # rather than answering. Sequences per launch: the kernel's grid takes at most 65535.
@@ -212,9 +212,13 @@ def _simulate(a, name, record):
     sched = build_schedule(name, seqlens_q=a.seqlens_q, seqlens_k=a.seqlens_k, block_m=a.block_m,
                            block_n=a.block_n, causal=a.causal, window_left=a.window_left,
                            window_right=a.window_right, group_size=a.group_size)
-    return sched, simulate(sched, num_heads=a.heads, num_kv_heads=a.kv_heads, num_sms=a.sms, c=a.c, r=a.r,
-                           assignment=a.assignment or "dynamic", launch=a.launch or "head-major",
-                           record=record)
+    try:
+        return sched, simulate(sched, num_heads=a.heads, num_kv_heads=a.kv_heads, num_sms=a.sms, c=a.c, r=a.r,
+                               assignment=a.assignment or "dynamic", launch=a.launch or "head-major",
+                               record=record)
+    except SimulationDeadlock as e:   # a group waiting cyclically on more workers than --sms holds
+        _error(f"{name} on --sms {a.sms} with the model's options: {e}; give more --sms, smaller groups, or pick "
+               "'descending' or 'ascending'")
 
 
 def _progress(message):
