@@ -341,6 +341,21 @@ def test_auto_table_py_is_read_by_the_schedule_model(tmp_path, monkeypatch):
         auto.load_rules.cache_clear()
 
 
+def test_auto_table_gives_each_measured_seqlen_its_own_winner_when_they_are_one_apart():
+    """The boundary between two rules is the seqlens' geometric mean, but past the lower one: at 1000
+    and 1001 it rounded down to 1000, and 1000 got its neighbour's rule."""
+    res = _synthetic_results()
+    for p in res["points"]:
+        if p["key"] == "hdim64-full-s8192":
+            p["seqlen"] = 2049
+    for c in res["cells"]:
+        if c["impl"] == "dash-shift" and c["point"] == "hdim64-full-s8192":
+            c["bwd_tflops"] = 410.0   # ascending (420) wins the second point
+    table = autotable.derive_auto_table(res)
+    assert autotable.lookup(table, head_dim=64, causal=False, seqlen=2048) == "shift"
+    assert autotable.lookup(table, head_dim=64, causal=False, seqlen=2049) == "ascending"
+
+
 def test_auto_table_names_the_candidates_a_point_did_not_measure():
     """The synthetic run has no spt and no arrival column; a run with only one Triton column (as the
     Hopper-era runs whose dash-<schedule> columns ran Hopper kernels) leaves out all but that one."""
@@ -570,6 +585,7 @@ def _cell(results, impl, point="hdim64-full-s2048"):
     (lambda r: r["cells"].append(dict(r["cells"][0], point="nope")), "cells[25] is at point 'nope', which is not"),
     (lambda r: r["cells"].append(dict(r["cells"][0], impl="ghost")), "implementation 'ghost', which is not"),
     (lambda r: r["points"].append(r["points"][0]), "point 'hdim128-causal-s16384' is listed twice"),
+    (lambda r: r["cells"][0].update(dropout_error=5), "cells[0].dropout_error = 5 is not"),   # was a TypeError
 ])
 def test_from_json_refuses_a_broken_or_tampered_file(tamper, message, tmp_path, capsys):
     """One line naming the file and what is wrong, exit 2; never a traceback or a quietly wrong report."""
@@ -924,3 +940,14 @@ def test_an_out_path_that_is_a_file_is_refused(capsys, tmp_path):
     (tmp_path / "f").write_text("")
     assert cli.main(["--device", "cpu", "--tiny", "--out", str(tmp_path / "f")]) == 2
     assert "--out" in capsys.readouterr().err and (tmp_path / "f").read_text() == ""
+
+
+def test_from_json_reports_a_merged_run_whose_parts_name_no_command(tmp_path):
+    """merged_from entries may leave out command and date (the check allows it): the report says so
+    instead of raising KeyError."""
+    res = _synthetic_results()
+    res["merged_from"] = [{"date": "2026-11-26"}, {}]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(res))
+    assert cli.main(["--from-json", str(path), "--out", str(tmp_path / "out")]) == 0
+    assert "`None` (2026-11-26); `None` (None)" in (tmp_path / "out" / "results.md").read_text()

@@ -77,7 +77,9 @@ def _winner(cells: dict, point_key: str, backend: str) -> tuple[Optional[str], d
 
 
 def _boundary(lo: int, hi: int) -> int:
-    return int(math.sqrt(lo * hi))
+    """Where the rule of seqlen `lo` hands over to that of `hi`: their geometric mean, but past `lo`
+    (it rounded down to `lo` itself for seqlens one or two apart, giving `lo` its neighbour's rule)."""
+    return max(lo + 1, int(math.sqrt(lo * hi)))
 
 
 def unmeasured_candidates(results: dict, backend: str = BACKEND) -> dict[str, list[str]]:

@@ -372,7 +372,8 @@ _CELL_FIELDS = {"point": (_STR, True), "impl": (_STR, True), "status": (_STR, Tr
                 "deterministic": (_BOOL, False), "dropout_deterministic": (_BOOL, False),
                 "plan_variants": (_STR_LIST, False), "fwd_ms_runs": (_FIGURE_LIST, False),
                 "sm_clock": (_CLOCKS, False), "error": (_STR, False), "kernel": (_OPT_STR, False),
-                "schedule_resolved": (_OPT_STR, False), "dropout_status": (_STR, False)}
+                "schedule_resolved": (_OPT_STR, False), "dropout_status": (_STR, False),
+                "dropout_note": (_OPT_STR, False), "dropout_error": (_OPT_STR, False)}
 # Fields a cell must have once another says it measured: (condition, fields).
 _CELL_NEEDS = ((lambda c: c["status"] == "ok", ("deterministic", "det_runs", "det_mismatches")),
                (lambda c: "dropout_deterministic" in c, ("dropout_det_runs", "dropout_det_mismatches")),
@@ -528,7 +529,8 @@ def render_markdown(results: dict, *, command: Optional[str] = None) -> str:
            + f"; {results.get('elapsed_s', '?')} s"]
     if results.get("merged_from"):
         out.append(f"- Merged from {len(results['merged_from'])} runs on this GPU; all figures of one point come "
-                   "from one process: " + "; ".join(f"`{m['command']}` ({m['date']})" for m in results["merged_from"]))
+                   "from one process: " + "; ".join(f"`{m.get('command')}` ({m.get('date')})"
+                                                    for m in results["merged_from"]))
     elif command:
         out.append(f"- Command: `{command}`")
     shapes = ("miniature shapes (--tiny)" if cfg.get("mode") == "tiny"
