@@ -30,12 +30,13 @@ _KEY_ARGS = ("seed", "data_seed", "full_determinism", "learning_rate", "max_step
 
 def _model_config(model) -> dict | None:
     """The model's config as JSON values (compare notes where two runs' differ), without the fields that
-    name this run rather than the model (the attention implementation is recorded on its own)."""
+    name the checkpoint or the library rather than the model. `dash_attention` (the schedule and mode a
+    config may carry) stays: two runs that differ there differ in what they ran."""
     try:
         config = json.loads(model.config.to_json_string(use_diff=False))
     except (AttributeError, TypeError, ValueError):
         return None
-    for k in ("_name_or_path", "transformers_version", "_attn_implementation_autoset", "dash_attention"):
+    for k in ("_name_or_path", "transformers_version", "_attn_implementation_autoset"):
         config.pop(k, None)
     return config
 
