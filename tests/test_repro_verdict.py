@@ -638,19 +638,11 @@ def test_main_never_reports_a_bug_as_a_difference(monkeypatch, tmp_path, capsys)
 
 
 
-def _grads_differ_from_step_2(run, names):
-    def edit(records):
-        for r in records[1:]:
-            for n in names:
-                r["grads"][n] = "other"
-    edit_steps(run, edit)
-
-
 def test_grads_are_named_in_the_recorded_backward_order(tmp_path):
     """meta.json's grad_order (the order the backward made the gradients) decides which differing
     gradient is named first, i.e. where the difference entered; both runs must have recorded it."""
     a, b = write_run(tmp_path / "a", 3), write_run(tmp_path / "b", 3)
-    _grads_differ_from_step_2(b, NAMES[1:3])
+    edit_steps(b, lambda records: [r["grads"].update({n: "other" for n in NAMES[1:3]}) for r in records[1:]])
     cmp = compare_runs(a, b)
     # Without a recorded order: model order reversed (layer 1 before layer 0).
     assert cmp.first.step == 2 and "grads (in backward order) of 2 tensors" in cmp.verdict()

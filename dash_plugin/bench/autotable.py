@@ -82,32 +82,30 @@ def _boundary(lo: int, hi: int) -> int:
     return max(lo + 1, int(math.sqrt(lo * hi)))
 
 
+def _point_winners(results: dict, backend: str):
+    """(point, winner, measured figures) of every MHA point that has a winner on `backend`."""
+    cells = index_cells(results)
+    for p in results["points"]:
+        if p["heads_q"] == p["heads_kv"]:
+            schedule, measured = _winner(cells, p["key"], backend)
+            if schedule is not None:
+                yield p, schedule, measured
+
+
 def unmeasured_candidates(results: dict, backend: str = BACKEND) -> dict[str, list[str]]:
     """{point key: the candidates with no usable cell there} for the MHA points that have a winner: a
     schedule that was not measured at a point cannot win it, so a table from a run that measured one
     or two candidates says little (the CLI warns)."""
-    cells = index_cells(results)
-    missing = {}
-    for p in results["points"]:
-        if p["heads_q"] != p["heads_kv"]:
-            continue
-        schedule, measured = _winner(cells, p["key"], backend)
-        if schedule is not None and len(measured) < len(CANDIDATES):
-            missing[p["key"]] = [c for c in CANDIDATES if c not in measured]
-    return missing
+    return {p["key"]: [c for c in CANDIDATES if c not in measured]
+            for p, _, measured in _point_winners(results, backend) if len(measured) < len(CANDIDATES)}
 
 
 def derive_auto_table(results: dict, backend: str = BACKEND) -> dict:
     """The winners among the cells that ran on `backend`, as JSON-ready data (rules sorted by mask,
     head dim, seqlen)."""
-    cells = index_cells(results)
     groups: dict = {}
-    for p in results["points"]:
-        if p["heads_q"] != p["heads_kv"]:
-            continue
-        schedule, measured = _winner(cells, p["key"], backend)
-        if schedule is not None:
-            groups.setdefault((p["mask"], p["hdim"]), []).append((p["seqlen"], schedule, measured))
+    for p, schedule, measured in _point_winners(results, backend):
+        groups.setdefault((p["mask"], p["hdim"]), []).append((p["seqlen"], schedule, measured))
     rules = []
     for (mask, hdim), entries in sorted(groups.items()):
         entries.sort()

@@ -209,6 +209,11 @@ def _file_in_the_way(d: Path) -> Path | None:
     return None
 
 
+def _holding_results(dirs: list[Path]) -> list[Path]:
+    """The run directories that hold anything (results of an earlier run)."""
+    return [d for d in dirs if d.is_dir() and any(d.iterdir())]
+
+
 def claim_run_dirs(dirs: list[Path], replace: bool = False, resume_from: Path | None = None) -> None:
     """Make sure every run directory can be written and holds nothing: results of an earlier run are never
     silently deleted, nor mixed with the new ones. replace=True (--force) deletes them first, but never the
@@ -218,7 +223,7 @@ def claim_run_dirs(dirs: list[Path], replace: bool = False, resume_from: Path | 
         if blocker is not None:
             raise RunFailed(f"cannot make the run directory {d}: {blocker} is a file; pass a directory as --out "
                             f"(it is made if missing)")
-    taken = [d for d in dirs if d.is_dir() and any(d.iterdir())]
+    taken = _holding_results(dirs)
     if replace and resume_from is not None:
         holder = next((d for d in taken if resume_from.resolve().is_relative_to(d.resolve())), None)
         if holder is not None:
@@ -356,7 +361,7 @@ def run_training(train_args: list[str], out_dirs: list[Path], *, script: Path, p
         raise RunFailed(f"devices={devices} gives {len(devices)} devices for {len(out_dirs)} runs")
     known = _training_options(train_args)  # first: a bad option must not cost an earlier run's results (--force)
     total = known.stop_at or known.steps
-    if replace and any(d.is_dir() and any(d.iterdir()) for d in out_dirs):
+    if replace and _holding_results(out_dirs):
         _check_with_the_bundled_parser(script, train_args)
     claim_run_dirs(out_dirs, replace, known.resume_from)
     env = dict(os.environ)

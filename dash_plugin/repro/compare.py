@@ -299,7 +299,7 @@ def _check_log_start(path: Path, steps: list[dict], meta: dict) -> None:
                   else f"{path / META} records no 'first_step', so the log must start at step 1")
         what = ("the records before it are lost" if steps[0]["step"] > first
                 else "it holds steps before the run started")
-        raise RunFileError(f"{path / STEPS} line {_first_line(path / STEPS)}: the log starts at step "
+        raise RunFileError(f"{path / STEPS} line {_record_line(path / STEPS, 0)}: the log starts at step "
                            f"{steps[0]['step']}, but the run started at step {first} ({source}): {what}")
 
 
@@ -379,9 +379,6 @@ def _record_line(path: Path, index: int) -> int:
         return next((n for k, n in enumerate(records) if k == index), 1)
 
 
-def _first_line(path: Path) -> int:
-    return _record_line(path, 0)
-
 
 def check_aligned(run_a, steps_a: list[dict], run_b, steps_b: list[dict]) -> None:
     """Both logs must start at the same step. Each log's steps follow one another (load_steps), so then every
@@ -390,7 +387,7 @@ def check_aligned(run_a, steps_a: list[dict], run_b, steps_b: list[dict]) -> Non
         return
     (late, late_steps), (early, early_steps) = sorted(((Path(run_a), steps_a), (Path(run_b), steps_b)),
                                                       key=lambda run: -run[1][0]["step"])
-    raise RunFileError(f"{late / STEPS} line {_first_line(late / STEPS)}: the log starts at step "
+    raise RunFileError(f"{late / STEPS} line {_record_line(late / STEPS, 0)}: the log starts at step "
                        f"{late_steps[0]['step']}, expected step {early_steps[0]['step']}, where {early / STEPS} "
                        f"starts: the logs are not aligned (records lost at the start of {late / STEPS}, or a Trainer "
                        f"run resumed from a checkpoint? compare runs that start at the same step)")

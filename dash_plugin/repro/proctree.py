@@ -43,11 +43,10 @@ def descendants(pid: int) -> list:
 
 def kill_tree(pid: int) -> None:
     """SIGKILL the process group `pid` leads and every descendant of `pid` (also those in sessions of
-    their own), twice over, so a worker forked between the two passes is caught as well."""
-    for _ in range(2):
-        below = descendants(pid)
-        for target in (pid, *below):
-            try:
-                os.killpg(target, signal.SIGKILL) if target == pid else os.kill(target, signal.SIGKILL)
-            except OSError:
-                pass
+    their own), the descendants collected before anything is killed."""
+    kills = [(os.killpg, pid)] + [(os.kill, child) for child in descendants(pid)]
+    for kill, target in kills:
+        try:
+            kill(target, signal.SIGKILL)
+        except OSError:   # gone already
+            pass
