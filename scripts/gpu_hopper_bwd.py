@@ -190,24 +190,28 @@ def gpu_environment() -> dict:
     return env
 
 
-def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True):
+def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True, heads=None, orders=None,
+               with_fa4=True):
     with ClockMonitor(torch.device("cuda")) as clocks:
-        _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split, clocks.recording)
+        for hq in heads or [None]:
+            _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split, clocks.recording, hq, orders, with_fa4)
     results["clock_monitor"] = clocks.describe()
 
 
-def _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split, clocks):
-    fa4 = have_fa4()
+def _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split, clocks, heads, orders, with_fa4):
+    fa4 = with_fa4 and have_fa4()
     for d in hdims:
         for causal in [m == "causal" for m in masks]:
             for s in seqlens:
-                b, hq = 16384 // s, 2048 // d
+                # 16k tokens per point at a model dim of 2048 unless the head count is given
+                b, hq = 16384 // s, heads or 2048 // d
                 hkv = hq // gqa
                 q, k, v, do = make(b, s, hq, hkv, d, seed=7)
                 out, lse = forward(q, k, v, causal)
                 flops = 2.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
-                row = {"hdim": d, "causal": causal, "seqlen": s, "gqa": gqa}
-                impls = {f"cute-{x}": (lambda x=x: ours(x, q, k, v, out, lse, do, causal)) for x in schedules_for(causal)}
+                row = {"hdim": d, "causal": causal, "seqlen": s, "gqa": gqa, "heads": hq}
+                impls = {f"cute-{x}": (lambda x=x: ours(x, q, k, v, out, lse, do, causal))
+                         for x in schedules_for(causal) if not orders or x in orders}
                 if triton_split:
                     impls["triton-split"] = lambda: ours("split", q, k, v, out, lse, do, causal, backend="triton")
                 if fa4:
@@ -224,7 +228,7 @@ def _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split, clock
                 det = [row[k_] for k_ in impls if k_.startswith("cute-") and k_ != "cute-atomic" and row[k_]]
                 best = max(det) if det else None
                 ratio = f" best/fa4-det {best / row['fa4-det']:.2f}" if best and row.get("fa4-det") else ""
-                print(f"time d{d} {'causal' if causal else 'full'} S{s} gqa{gqa}: "
+                print(f"time d{d} h{hq} {'causal' if causal else 'full'} S{s} gqa{gqa}: "
                       + " ".join(f"{k_}={row[k_]}" for k_ in impls)
                       + ratio, flush=True)
                 results["time"].append(row)
@@ -242,6 +246,9 @@ def main():
     ap.add_argument("--masks", default="causal,full", help="time stage: causal, full or both")
     ap.add_argument("--repeat", type=int, default=1, help="time stage: interleaved rounds per point (median kept)")
     ap.add_argument("--no-triton", action="store_true", help="time stage: leave out the Triton split column")
+    ap.add_argument("--heads", default="", help="time stage: query head counts to run (default: 2048 / head dim)")
+    ap.add_argument("--orders", default="", help="time stage: only these of our orders (default: all)")
+    ap.add_argument("--no-fa4", action="store_true", help="time stage: leave out FA4's columns")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     env = gpu_environment()
@@ -255,7 +262,9 @@ def main():
             stage_det(results, a.passes)
         if "time" in stages:
             stage_time(results, [int(x) for x in a.hdims.split(",")], [int(x) for x in a.seqlens.split(",")], a.gqa,
-                       a.masks.split(","), a.repeat, not a.no_triton)
+                       a.masks.split(","), a.repeat, not a.no_triton,
+                       [int(x) for x in a.heads.split(",") if x], [x for x in a.orders.split(",") if x],
+                       not a.no_fa4)
     finally:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, f"hopper_bwd_{'_'.join(stages)}.json"), "w") as f:

@@ -476,7 +476,11 @@ def test_packed_batches_and_unequal_lengths_run_here(monkeypatch):
     (dict(causal=True, head_dim=48, seqlen_q=16384, seqlen_k=16384), "shift"),
     (dict(causal=False, head_dim=40, seqlen_q=16384, seqlen_k=16384), "shift"),
     (dict(causal=True, head_dim=40, varlen=True), "spt"),
-    (dict(causal=True, head_dim=56, seqlen_q=16384, seqlen_k=16384), "spt"),
+    # 49-56: 8 padded columns, the causal symmetric shift beyond 4k
+    (dict(causal=True, head_dim=56, seqlen_q=16384, seqlen_k=16384), "shift"),
+    (dict(causal=True, head_dim=56, seqlen_q=8192, seqlen_k=8192), "shift"),
+    (dict(causal=True, head_dim=56, seqlen_q=4096, seqlen_k=4096), "arrival"),
+    (dict(causal=True, head_dim=64, seqlen_q=8192, seqlen_k=8192), "spt"),
     (dict(causal=True, head_dim=32, seqlen_q=8192, seqlen_k=8192), "spt"),
     (dict(causal=True, head_dim=64, seqlen_q=1024, seqlen_k=1024), "arrival"),
     (dict(causal=True, head_dim=80, seqlen_q=2048, seqlen_k=2048), "arrival"),

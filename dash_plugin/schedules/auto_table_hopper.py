@@ -4,8 +4,8 @@ that run on the Triton backend). First matching rule wins; keys as in auto_table
 head_dim_min (an inclusive lower bound; the head dims 192/256 rules). The head-dim ranges are the
 kernel's tile ranges (a head dim off its table runs at the next one's tiles: tile_table.py), so a
 rule measured at 64, 128, 192 or 256 holds for the head dims that share those tiles, checked at
-32, 80 and 160. Head dims 33-48 are the exception: at hdim 64's tiles their 48 padded columns make
-a step short against the ordered dQ add, and other orders win there (measured at 40 and 48).
+32, 80 and 160. Head dims 33-56 are the exception: at hdim 64's tiles their padded columns make
+a step short against the ordered dQ add, and other orders win there (measured at 40, 48 and 56).
 
 Measured with scripts/gpu_hopper_bwd.py on an NVIDIA H100 80GB HBM3 (132 SMs, torch 2.11.0+cu130,
 flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1), 2026-11-23 to 11-26, one process, backward TFLOP/s:
@@ -70,9 +70,18 @@ RULES = [
                'spt 289.2/383.3/430.7; hdim32 s=1k/4k: arrival 225.1/315.7, spt 213.5/312.4, ascending '
                '212.4/310.4 (docs/benchmarks/auto-head-dims-2026-11-26-h100/; before arrival ran at these '
                'tiles: hdim64 s=1024 ascending 265.4, spt 256.8, descending 248.9)'},
+    # Head dim 56 (hdim 64's tiles, 8 padded columns) beyond 4k: the causal symmetric shift, at every
+    # head count measured (28-40, MHA and GQA 4:1); at hdim 64 spt leads at the same head counts, so
+    # it is the padding, not the head count (docs/benchmarks/hdim56-heads-2026-11-26-h100/).
+    {'mask': 'causal', 'head_dim_min': 49, 'head_dim_max': 56, 'schedule': 'shift',
+     'source': 'measured H100 hdim56 causal s=8k/16k, median of 3 interleaved rounds, heads 28/32/36/40: '
+               'shift 393.0/403.7, 403.8/426.5, 389.8/408.9, 388.7/401.8; spt 365.2/366.3, 383.8/370.9, '
+               '368.0/361.1, 369.6/362.6; descending 371.8/387.4, 383.9/407.5, 370.6/391.9, 377.4/392.3; '
+               'GQA 4:1 (36 heads): shift 382.3/412.2, spt 363.1/362.9; arrival (36/32 heads) 399.4/394.7, '
+               '378.4/374.0 against shift 407.5/419.2, 396.4/405.2 (hdim64 at the same head counts: spt '
+               '470.4-487.4/491.5-506.0, shift 458.0-465.8/468.1-489.0)'},
     # Beyond 4k spt: at hdim 64 ahead of the causal symmetric shift by 1.4-6.3 % in 6 of 8
-    # measurements (behind by up to 2.5 % in the other 2); at hdim 56 (36 heads in the runs) shift
-    # led by 15 %, a head count the rules cannot see.
+    # measurements (behind by up to 2.5 % in the other 2), and at each head count from 28 to 40.
     {'mask': 'causal', 'head_dim_max': 64, 'schedule': 'spt',
      'source': 'measured H100 hdim64 causal s=2k/4k/8k/16k: spt 363.9/422.0/462.2/497.6, descending '
                '334.4/409.9/440.4/450.0, ascending 348.9/391.9/408.9/453.5 (2026-11-23); 2026-11-26 '
