@@ -130,7 +130,9 @@ RULES = [
                '529.0, shift 575.2 and 577.4, descending 528.9 and 548.7); hdim192 s=8k: ascending 478.4, '
                'spt 478.6, shift 326.6 (split groups)'},
     # Beyond 8k descending: ahead of ascending in all 11 measurements of 2026-11-26 at 16k, by
-    # 0.3-8 %, though its rounds ran at lower SM clocks than ascending's.
+    # 0.3-8 %, though its rounds ran at lower SM clocks than ascending's; under sustained load at the
+    # power cap (docs/benchmarks/sustained-orders-2026-11-26-h100/) the fastest order at hdim 128 and
+    # 176 full 16k, and at 8k every order within 1 % at hdim 128 and 64.
     {'mask': 'full', 'schedule': 'descending',
      'source': 'measured H100 full s=16k (docs/benchmarks/auto-head-dims-2026-11-26-h100/): descending / '
                'ascending hdim128 596.2/550.8 and 587.0/584.6 (two runs), GQA 4:1 590.9/550.7; hdim64 '
