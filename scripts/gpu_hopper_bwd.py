@@ -194,7 +194,8 @@ def stage_time(results, hdims, seqlens, gqa, masks, repeat=1, triton_split=True,
                with_fa4=True):
     with ClockMonitor(torch.device("cuda")) as clocks:
         for hq in heads or [None]:
-            _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split, clocks.recording, hq, orders, with_fa4)
+            _stage_time(results, hdims, seqlens, gqa, masks, repeat, triton_split, clocks.recording, hq, orders,
+                        with_fa4)
     results["clock_monitor"] = clocks.describe()
 
 

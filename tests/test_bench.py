@@ -634,6 +634,52 @@ def test_a_value_given_twice_is_refused(capsys):
         assert capsys.readouterr().err == f"dash-bench: {message}\n"
 
 
+@pytest.mark.parametrize("argv, message", [
+    # 0 was refused by the protocol without the flag's name; 100000 was not refused before the run
+    (["--hdims", "0"], "--hdims '0': 0 not allowed; allowed: 1..256 (the head dims the API takes)"),
+    (["--hdims", "64,100000"], "--hdims '64,100000': 100000 not allowed; allowed: 1..256 (the head dims the API "
+                               "takes)"),
+    (["--hdims", "257,-8"], "--hdims '257,-8': 257, -8 not allowed; allowed: 1..256"),
+    (["--seqlens", "0"], "--seqlens '0': 0 not allowed; allowed: the divisors of 16384 (every point is batch x "
+                         "seqlen = 16384 tokens)"),
+    (["--seqlens=-512,3000,2048"], "--seqlens '-512,3000,2048': -512, 3000 not allowed; allowed: the divisors of "
+                                   "16384"),
+])
+def test_a_bad_list_value_is_refused_naming_flag_value_and_allowed(argv, message, capsys):
+    assert cli.main(["--device", "cpu", *argv]) == 2   # refused before anything else is asked
+    err = capsys.readouterr().err
+    assert err.startswith(f"dash-bench: {message}") and err.count("\n") == 1, err
+
+
+def test_list_values_at_the_bounds_are_taken():
+    """Head dims the API takes but the Hopper kernel does not (100) fall back to Triton: not refused."""
+    points = cli._points(cli.build_parser().parse_args(["--hdims", "1,100,256", "--seqlens", "1,16384"]))
+    assert sorted({(p.hdim, p.seqlen) for p in points}) == [(d, s) for d in (1, 100, 256) for s in (1, 16384)]
+    from dash_plugin import checks
+    assert checks.HEAD_DIM_MAX == 256   # the bound the messages above name
+
+
+def test_out_says_which_earlier_report_files_it_replaces(tmp_path, capsys):
+    """Replacing an earlier report in --out is by design (a rerun updates its folder), but it is said,
+    in one line, before the first file is written."""
+    source = tmp_path / "in" / "results.json"
+    source.parent.mkdir()
+    report.write_json(_synthetic_results(), str(source))
+    out = tmp_path / "out"
+    assert cli.main(["--from-json", str(source), "--out", str(out)]) == 0
+    assert "replacing" not in capsys.readouterr().out   # nothing there yet
+    assert cli.main(["--from-json", str(source), "--out", str(out)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "replacing" in line]
+    assert lines == [f"replacing the earlier report in {out}: results.json, results.md, results.png"]
+    # a run says it before it measures (its JSON so far replaces results.json after the first point)
+    (out / "results.json").unlink()
+    (out / "results.png").unlink()
+    assert cli.main(["--device", "cpu", "--tiny", "--impls", "sdpa-math", "--masks", "full", "--repeats", "2",
+                     "--rep-ms", "1", "--warmup-ms", "0", "--out", str(out)]) == 0
+    log = capsys.readouterr().out
+    assert log.index(f"replacing the earlier report in {out}: results.md\n") < log.index("[1/2]"), log
+
+
 def test_cli_gqa_only_selects_the_gqa_row_alone():
     from dash_plugin.bench import cli
     args = cli.build_parser().parse_args(["--gqa-only", "--seqlens", "2048,4096"])
@@ -915,7 +961,10 @@ def test_the_documented_targets_are_the_ones_the_report_judges():
     (["--masks", "bogus"], "--masks 'bogus': allowed: causal, full"),
     (["--max-minutes", "-1"], "--max-minutes -1.0: must be > 0"),
     (["--cell-timeout", "-5"], "--cell-timeout -5.0: must be >= 0 seconds"),
-    (["--seed", "-5"], "--seed -5: must be an int >= 0"),
+    (["--seed", "-5"], "--seed -5: must be an int in 0..2**63-1"),
+    # past torch.manual_seed's 2**64-1: it failed at the first point, with --out already made
+    (["--seed", str(2 ** 70)], f"--seed {2 ** 70}: must be an int in 0..2**63-1 (it is also the dropout seed"),
+    (["--seed", str(2 ** 63)], f"--seed {2 ** 63}: must be an int in 0..2**63-1"),   # the API's dropout_seed
     (["--hdims", "x"], "--tiny runs its own miniature points: drop --hdims / --seqlens"),
     (["--from-json", "/nonexistent/results.json"], "--from-json /nonexistent/results.json: No such file"),
     (["--from-json", ","], "--from-json ',' is empty: give a comma list of results files"),
@@ -934,6 +983,15 @@ def test_bad_flags_are_named_with_what_is_allowed(argv, message, capsys, tmp_pat
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_largest_seed_is_taken(tmp_path):
+    """2**63-1 is the API's largest dropout_seed; the inputs' generator takes it plus the point's number."""
+    cli._check_flags(cli.build_parser().parse_args(["--seed", str(2 ** 63 - 1), "--out", str(tmp_path)]))
+    runner.make_inputs(_SMALL, torch.device("cpu"), seed=2 ** 63 - 1 + 100)
+    from dash_plugin import flash_attention
+    q = torch.randn(1, 16, 1, 8)
+    flash_attention(q, q, q, dropout_p=0.5, dropout_seed=2 ** 63 - 1)
 
 
 def test_an_out_path_that_is_a_file_is_refused(capsys, tmp_path):

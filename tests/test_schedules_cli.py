@@ -45,6 +45,43 @@ def test_full_mask_and_fallback_named(capsys):
     assert "descending (fallback: odd number of KV tiles (7))" in capsys.readouterr().out
 
 
+def test_a_sequence_without_kv_tiles_is_not_called_odd(capsys):
+    """An empty sequence of a packed batch has 0 KV tiles: the fallback said "odd number of KV tiles
+    (0)" (causal) and "one KV tile" (full)."""
+    shape = ["--varlen", "0,512", "--block-m", "64", "--block-n", "64", "--heads", "1", "--sms", "8",
+             "--schedules", "shift"]
+    main(shape + ["--causal"])
+    out = capsys.readouterr().out
+    assert "descending (fallback: no KV tiles (no keys)), shift-symmetric" in out and "odd" not in out, out
+    main(shape)
+    out = capsys.readouterr().out
+    assert "ascending (fallback: no KV tiles (no keys)), shift-cyclic" in out and "one KV tile" not in out, out
+    main(SMALL + ["--causal", "--seqlen", "64", "--schedules", "shift"])   # 1 tile: odd, as before
+    assert "descending (fallback: odd number of KV tiles (1))" in capsys.readouterr().out
+
+
+def _shape_line(text):
+    return next(line for line in text.splitlines() if line.startswith("shape: "))
+
+
+def test_the_shape_line_abbreviates_a_long_length_list(capsys):
+    """65535 sequences printed a shape line of about 200 KB: a long list shows its ends, the count
+    and the total; a short one is unchanged."""
+    from dash_plugin.schedules.cli import _short
+    assert _short([1] * 65535) == "[1, 1, 1, ..., 1, 1, 1] (65535 sequences, 65535 tokens)"
+    assert _short(list(range(1, 9))) == "[1, 2, 3, 4, 5, 6, 7, 8]" and _short([5]) == "5"
+    lens = ",".join(map(str, [1, 2, 3] + [64] * 4090 + [7, 8, 9]))
+    main(["--varlen", lens, "--block-m", "64", "--block-n", "64", "--heads", "1", "--schedules", "ascending"])
+    line = _shape_line(capsys.readouterr().out)
+    listed = "[1, 2, 3, ..., 7, 8, 9] (4096 sequences, 261790 tokens)"
+    assert line.startswith(f"shape: seqlens_q={listed} seqlens_k={listed} heads=1 ") and len(line) < 300, line
+    main(["--seqlen", "64", "--batch", "5000", "--block-m", "64", "--block-n", "64", "--heads", "1",
+          "--schedules", "ascending"])   # a uniform batch as well
+    assert "seqlens_q=[64, 64, 64, ..., 64, 64, 64] (5000 sequences, 320000 tokens) " in capsys.readouterr().out
+    main(["--varlen", "512,300,64", "--schedules", "ascending"])
+    assert _shape_line(capsys.readouterr().out).startswith("shape: seqlens_q=[512, 300, 64] seqlens_k=[512, 300, 64] ")
+
+
 def test_varlen_gqa_window(capsys):
     main(["--varlen", "512,300,64", "--hdim", "64", "--heads", "8", "--kv-heads", "2",
           "--window-left", "128", "--window-right", "0", "--schedules", "ascending,shift,split"])

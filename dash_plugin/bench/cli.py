@@ -19,16 +19,22 @@ QUICK_BUDGET_MIN = 2.5   # --quick promises under 3 minutes (start-up and report
 MODE_TIMING = {"full": (25.0, 100.0), "quick": (10.0, 50.0), "tiny": (2.0, 20.0)}   # warm-up, window (ms)
 
 
-def _comma_list(text: str, name: str, convert=str, what: str = "names") -> list:
+def _comma_list(text: str, name: str, convert=str, what: str = "names", allowed=None) -> list:
     """The items of a comma-list flag, each converted. Refuses an empty list and an item given
     twice: a point or a column listed twice would be measured twice, and the report keeps one cell
-    per (point, column)."""
+    per (point, column). `allowed`: (test, description); an item failing the test is refused with
+    the description, before a run rather than as a traceback or error cells minutes into it."""
     try:
         items = [convert(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"{name} must be a comma list of {what}, got {text!r}") from None
     if not items:
         raise ValueError(f"{name} {text!r} is empty: give a comma list of {what}")
+    if allowed is not None:
+        test, description = allowed
+        bad = [str(x) for x in items if not test(x)]
+        if bad:
+            raise ValueError(f"{name} {text!r}: {', '.join(bad)} not allowed; allowed: {description}")
     twice = sorted({str(x) for x in items if items.count(x) > 1})
     if twice:
         raise ValueError(f"{name} {text!r}: {', '.join(twice)} given twice; list each once")
@@ -114,8 +120,12 @@ def _check_flags(args):
         raise ValueError(f"--max-minutes {args.max_minutes}: must be > 0 (or left out: no budget)")
     if not args.cell_timeout >= 0:
         raise ValueError(f"--cell-timeout {args.cell_timeout}: must be >= 0 seconds (0 disables the watchdog)")
-    if args.seed < 0:
-        raise ValueError(f"--seed {args.seed}: must be an int >= 0 (it is also the dropout seed)")
+    # torch.manual_seed takes up to 2**64-1, but the seed is also the dropout seed, which the API
+    # takes in 0..2**63-1 (checks.INT64_MAX); a larger one failed at the first point, after start-up.
+    from ..checks import INT64_MAX
+    if not 0 <= args.seed <= INT64_MAX:
+        raise ValueError(f"--seed {args.seed}: must be an int in 0..2**63-1 (it is also the dropout seed, which "
+                         "the API takes in that range)")
     if args.tiny and (args.hdims is not None or args.seqlens is not None):
         raise ValueError("--tiny runs its own miniature points: drop --hdims / --seqlens")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
@@ -133,7 +143,16 @@ def _check_flags(args):
 
 
 def _points(args):
+    from ..checks import HEAD_DIM_MAX, HEAD_DIM_MIN
     from . import protocol
+    # Every dash-* column goes through the API, which takes these head dims on every backend (the
+    # Triton kernels pad any of them; the Hopper kernel takes fewer): past them none of ours runs.
+    hdim_allowed = (lambda d: HEAD_DIM_MIN <= d <= HEAD_DIM_MAX,
+                    f"{HEAD_DIM_MIN}..{HEAD_DIM_MAX} (the head dims the API takes)")
+    # Every point holds protocol.TOKENS_PER_POINT tokens, batch x seqlen (protocol.batch_for).
+    tokens = protocol.TOKENS_PER_POINT
+    seqlen_allowed = (lambda s: s > 0 and tokens % s == 0,
+                      f"the divisors of {tokens} (every point is batch x seqlen = {tokens} tokens)")
     masks = tuple(_comma_list(args.masks, "--masks")) if args.masks is not None else protocol.MASKS
     if args.tiny:
         return protocol.tiny_points(masks=masks)
@@ -144,10 +163,11 @@ def _points(args):
     if args.gqa_only:
         hdims = []
     else:
-        hdims = _comma_list(args.hdims, "--hdims", int, "integers") if args.hdims is not None else list(protocol.HDIMS)
+        hdims = (_comma_list(args.hdims, "--hdims", int, "integers", hdim_allowed) if args.hdims is not None
+                 else list(protocol.HDIMS))
     if args.hdim256 and 256 not in hdims:
         hdims.append(256)
-    seqlens = (_comma_list(args.seqlens, "--seqlens", int, "integers") if args.seqlens is not None
+    seqlens = (_comma_list(args.seqlens, "--seqlens", int, "integers", seqlen_allowed) if args.seqlens is not None
                else list(protocol.SEQLENS))
     return protocol.protocol_points(hdims=hdims, seqlens=seqlens, masks=masks, gqa=args.gqa or args.gqa_only)
 
@@ -188,6 +208,15 @@ def _refuse_overwriting_inputs(files: list[str], args) -> None:
                                  "(--out's default: ./dash-bench-out)")
 
 
+def _say_replaced(out: str) -> None:
+    """--out replaces an earlier report there (by design: a rerun updates its folder); say which
+    files, before the first of them is written."""
+    from .report import report_paths
+    existing = [os.path.basename(p) for p in report_paths(out).values() if os.path.exists(p)]
+    if existing:
+        print(f"replacing the earlier report in {out}: {', '.join(existing)}", flush=True)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     command = "dash-bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
@@ -205,6 +234,7 @@ def _main(args, command) -> int:
         files = _comma_list(args.from_json, "--from-json", what="results files")
         results = report.merge_results([report.read_json(f) for f in files], files)
         _refuse_overwriting_inputs(files, args)
+        _say_replaced(args.out)
         # the reports name the command that measured the figures, not this one
         return _finish(results, args, results.get("config", {}).get("command") or command)
     points = _points(args)   # a bad --hdims / --seqlens is named before anything else is asked
@@ -260,6 +290,7 @@ def _main(args, command) -> int:
         without = [i.name for i in impls if i.build_dropout is None]
         if without:
             print(f"no dropout (marked so in the dropout table): {', '.join(without)}")
+    _say_replaced(args.out)   # the JSON so far is written after the first point
     os.makedirs(args.out, exist_ok=True)
     from . import report
     partial = os.path.join(args.out, "results.json")

@@ -182,16 +182,22 @@ def _visits_shift_symmetric(geo, g):
     return visits
 
 
+# The fallback reason where a sequence has no keys (a packed batch may hold empty sequences).
+NO_KV_TILES = "no KV tiles (no keys)"
+
+
 def symmetric_shift_fallback_reason(geo: SeqGeometry) -> str | None:
     """Why the causal symmetric shift does not apply to this sequence (None: it applies)."""
     n = geo.num_kv_tiles
+    if n == 0:   # first: nothing to pair whatever the mask (0 is no odd count)
+        return NO_KV_TILES
     if not geo.is_causal:
         return "window mask (symmetric pairing needs a plain causal mask)"
     if geo.seqlen_q != geo.seqlen_k:
         return f"seqlen_q {geo.seqlen_q} != seqlen_k {geo.seqlen_k}"
     if geo.block_n % geo.block_m != 0:
         return f"block_n {geo.block_n} not a multiple of block_m {geo.block_m}"
-    if n < 2 or n % 2 != 0:
+    if n % 2 != 0:
         return f"odd number of KV tiles ({n})"
     return None
 
@@ -226,7 +232,8 @@ def build_shift(geo: SeqGeometry, group_size: int | None = None) -> SequenceSche
         g = group_size or default_group_size(n)
         m = geo.num_q_tiles
         if n <= 1:
-            return ordered_sequence(geo, _visits_ascending(geo), "ascending (fallback: one KV tile)")
+            return ordered_sequence(geo, _visits_ascending(geo),
+                                    f"ascending (fallback: {'one KV tile' if n else NO_KV_TILES})")
         if m < min(g, n):
             # the cyclic order needs at least as many Q tiles as co-running KV tiles
             return ordered_sequence(geo, _visits_ascending(geo),

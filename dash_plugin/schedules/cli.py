@@ -283,8 +283,20 @@ def run(a, out=None):
     return results
 
 
+SHAPE_LENGTHS = 8   # lengths the shape line lists in full; a longer list shows its ends
+
+
 def _short(lens):
-    return str(lens[0]) if len(set(lens)) == 1 and len(lens) == 1 else str(lens)
+    """The lengths for the shape line: one as a number, a short list in full, a long one (a packed
+    batch holds up to 65535 sequences: a line of hundreds of KB) as its first and last few, with
+    the count and the total."""
+    if len(lens) == 1:
+        return str(lens[0])
+    if len(lens) <= SHAPE_LENGTHS:
+        return str(lens)
+    ends = SHAPE_LENGTHS // 2 - 1
+    shown = ", ".join(map(str, lens[:ends])) + ", ..., " + ", ".join(map(str, lens[-ends:]))
+    return f"[{shown}] ({len(lens)} sequences, {sum(lens)} tokens)"
 
 
 def main(argv=None) -> int:
