@@ -11,6 +11,7 @@ from dash_plugin.kernels import backends
 from dash_plugin.schedules import auto
 from dash_plugin.schedules import plan as launch_plans
 from dash_plugin.schedules import registry
+from dash_plugin.schedules.builders import MAX_GROUP
 
 
 def request(q, k, schedule: str | None = None, *, cu_seqlens_q=None, max_seqlen_q=None, max_seqlen_k=None,
@@ -60,6 +61,7 @@ def resolve(backend: str, schedule: str, q, k, *, head_dim=None, **kw):
             causal=bool(kw.get("causal", False)), head_dim=q.shape[-1], seqlen_q=kw["max_seqlen_q"],
             seqlen_k=kw["max_seqlen_k"], window_left=kw.get("window_left", -1),
             window_right=kw.get("window_right", -1), varlen=kw.get("cu_seqlens_q") is not None, backend=name)
+        concrete = _held_at_once(name, q.device, concrete, bool(kw.get("causal", False)))
         spec, req = request(q, k, concrete, **kw)
         if backend != backends.AUTO:   # named: it runs its own choice or says why not
             return backends.choose_explained(name, req, spec.backends)[0], concrete, ()
@@ -68,6 +70,24 @@ def resolve(backend: str, schedule: str, q, k, *, head_dim=None, **kw):
             return backends.get(name), concrete, tuple(passed_over)
         passed_over.append(f"{name}: {why}")
     raise ValueError(f"backend='auto': no backend runs this call ({'; '.join(passed_over)})")
+
+
+def _held_at_once(backend_name: str, device, schedule: str, causal: bool) -> str:
+    """`auto`'s pick, or an order without cyclic waits where the process may hold fewer programs
+    at once than the largest cyclic group (an MPS limit). There a named cyclic order is refused by
+    its plan where its group is larger than what the process holds (a group that cannot be
+    co-resident would wait for ever); `auto` takes `descending` (causal) or `ascending` instead,
+    without asking whether this call's groups would fit, so that it never meets that refusal."""
+    if (schedule not in registry.MAY_WAIT_CYCLICALLY or device.type != "cuda"
+            or _holds_groups(backend_name, str(device))):
+        return schedule
+    return "descending" if causal else "ascending"
+
+
+@torch.compiler.assume_constant_result   # a constant of torch.compile's graph (device_props is cached)
+def _holds_groups(backend_name: str, device: str) -> bool:
+    props = backends.get(backend_name).device_props(torch.device(device))
+    return not props.concurrent or props.resident_programs >= MAX_GROUP
 
 
 def attention_forward(q, k, v, *, schedule: str | None = None, backend: str = "auto", **kw):

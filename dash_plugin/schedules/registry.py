@@ -103,6 +103,10 @@ def check_call(schedule, deterministic: bool, where: str) -> ScheduleSpec:
     return spec
 
 
+# The built-in orders whose waits may be cyclic inside a group of co-resident programs (a plan's
+# group_size > 1): they need up to builders.MAX_GROUP programs resident at once.
+MAY_WAIT_CYCLICALLY = ("shift", "arrival")
+
 for _spec in (
     ScheduleSpec("atomic", "atomic adds of dQ partials: the fastest reference point, NOT deterministic",
                  False, ATOMIC, builders.build_atomic, WITH_HOPPER),
