@@ -73,11 +73,12 @@ def resolve(backend: str, schedule: str, q, k, *, head_dim=None, **kw):
 
 
 def _held_at_once(backend_name: str, device, schedule: str, causal: bool) -> str:
-    """`auto`'s pick, or an order without cyclic waits where the process may hold fewer programs
-    at once than the largest cyclic group (an MPS limit). There a named cyclic order is refused by
-    its plan where its group is larger than what the process holds (a group that cannot be
-    co-resident would wait for ever); `auto` takes `descending` (causal) or `ascending` instead,
-    without asking whether this call's groups would fit, so that it never meets that refusal."""
+    """`auto`'s pick, or an order without cyclic waits where the device holds fewer programs at
+    once than the largest cyclic group: under MPS CUDA reports the SMs the process's active-thread
+    percentage leaves, which may be fewer than 64. There a named cyclic order is refused by its
+    plan where its group is larger (a group that cannot be co-resident would wait for ever);
+    `auto` takes `descending` (causal) or `ascending` instead, without asking whether this call's
+    groups would fit, so that it never meets that refusal."""
     if (schedule not in registry.MAY_WAIT_CYCLICALLY or device.type != "cuda"
             or _holds_groups(backend_name, str(device))):
         return schedule
@@ -86,7 +87,10 @@ def _held_at_once(backend_name: str, device, schedule: str, causal: bool) -> str
 
 @torch.compiler.assume_constant_result   # a constant of torch.compile's graph (device_props is cached)
 def _holds_groups(backend_name: str, device: str) -> bool:
-    props = backends.get(backend_name).device_props(torch.device(device))
+    backend = backends.get(backend_name)
+    if not hasattr(backend, "device_props"):   # a backend that does not import: why_not passes it over
+        return True
+    props = backend.device_props(torch.device(device))
     return not props.concurrent or props.resident_programs >= MAX_GROUP
 
 

@@ -11,7 +11,6 @@ so a machine without Triton (or without a Hopper-only library) still runs the ot
 """
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,39 +49,6 @@ class DeviceProps:
 
     resident_programs: int    # programs surely resident at once (the persistent grid's size bound)
     concurrent: bool = True   # programs run at the same time (False: one by one, as in the Triton interpreter)
-
-
-# MPS's per-process limit: the share of each GPU's threads (on Volta and later, of its SMs) a
-# client may hold. Read by CUDA when the process creates its context, so it is read once here too.
-MPS_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-
-
-def mps_limited(sm_count: int, percentage: str | None) -> int:
-    """The SMs a process may hold at once under an MPS active-thread percentage (the env value,
-    None where it is not set): rounded down, because a cyclic group planned for one SM more than
-    the process holds deadlocks, while one less only runs a smaller grid. A value that is no
-    number in (0, 100) leaves the count as it is."""
-    try:
-        share = float(percentage) if percentage is not None else 100.0
-    except ValueError:
-        return sm_count
-    if not 0 < share < 100:   # NaN fails too
-        return sm_count
-    return max(1, int(sm_count * share / 100))
-
-
-_resident: dict[str, int] = {}
-
-
-@torch.compiler.assume_constant_result   # asked while torch.compile traces a call: a graph constant
-def resident_sms(device: str) -> int:
-    """The SMs this process may hold at once on a CUDA device: every SM, or the share an MPS limit
-    set in this process's environment leaves. A limit the MPS daemon sets for all its clients
-    (set_default_active_thread_percentage) is not visible here: README, "Backends"."""
-    if device not in _resident:
-        _resident[device] = mps_limited(torch.cuda.get_device_properties(device).multi_processor_count,
-                                        os.environ.get(MPS_PERCENTAGE))
-    return _resident[device]
 
 
 class StuckWaitError(RuntimeError):

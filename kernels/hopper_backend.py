@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from . import hopper
-from .backends import DeviceProps, resident_sms
+from .backends import DeviceProps
 
 
 _sm90: dict[str, bool] = {}
@@ -34,7 +34,7 @@ def _is_sm90(device: str) -> bool:
 @lru_cache(maxsize=None)   # asked on every backward; a device's SM count does not change
 def _device_props(device: str) -> DeviceProps:
     # One CTA per SM (the kernel's shared memory allows no second), dispatched in launch order.
-    return DeviceProps(resident_sms(device), concurrent=True)
+    return DeviceProps(torch.cuda.get_device_properties(device).multi_processor_count, concurrent=True)
 
 
 class HopperTiles(NamedTuple):

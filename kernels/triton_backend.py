@@ -12,7 +12,7 @@ import triton
 from . import attn_bwd, attn_fwd, buffers, tile_config
 from ._triton_common import LOG2E, interpreting, placeholder, problem, seq_chunks, stats_strides, strides4
 from .attn_fwd import _check_common, mask_params
-from .backends import DeviceProps, StuckWaitError, resident_sms
+from .backends import DeviceProps, StuckWaitError
 from .philox import dropout_threshold, keep_scale
 
 # The registry's kernel modes (dash_plugin/schedules/registry.py) and the kernel's named modes.
@@ -56,14 +56,15 @@ class TritonBackend:
 
 @functools.lru_cache(maxsize=None)
 def _device_props(device: str, interp: bool) -> DeviceProps:
-    """Resident programs: one per SM this process may hold (under an MPS limit, its share). Every config in the tile table fits one program per SM, so
+    """Resident programs: one per SM (under MPS, CUDA reports the SMs the process's active-thread
+    percentage leaves). Every config in the tile table fits one program per SM, so
     all of them are resident together; more per SM would have to be proved from the compiled
     kernel's registers and shared memory, and a wrong guess deadlocks. The interpreter runs
     programs one by one (no cyclic waits there) and gets 3, so that work items wrap around the
     persistent grid in the CPU tests."""
     if interp:
         return DeviceProps(resident_programs=3, concurrent=False)
-    return DeviceProps(resident_sms(device), concurrent=True)
+    return DeviceProps(torch.cuda.get_device_properties(device).multi_processor_count, concurrent=True)
 
 
 def _raise_if_stuck(err, schedule, group):

@@ -25,6 +25,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_hopper_bwd import forward, gpu_environment, make, ours, schedules_for  # noqa: E402
 
+from dash_plugin.bench.clocks import _gpu_selector  # noqa: E402
+
 
 class PowerSampler:
     """(monotonic time, SM MHz, board watts) every 50 ms from nvidia-smi while open."""
@@ -33,7 +35,11 @@ class PowerSampler:
         self.samples = []
 
     def __enter__(self):
-        cmd = [shutil.which("nvidia-smi"), "-i", str(torch.cuda.current_device()),
+        smi = shutil.which("nvidia-smi")
+        if smi is None:
+            raise SystemExit("nvidia-smi not found: this script reads the clock and the power from it")
+        # The PCI address, as ClockMonitor does: nvidia-smi's index ignores CUDA_VISIBLE_DEVICES.
+        cmd = [smi, "-i", _gpu_selector(torch.device("cuda", torch.cuda.current_device())),
                "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"]
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -50,8 +56,9 @@ class PowerSampler:
 
     def __exit__(self, *exc):
         self._proc.terminate()
-        self._proc.wait()
+        self._proc.wait(timeout=5)
         self._thread.join(timeout=5)
+        self._proc.stdout.close()
 
     def between(self, t0, t1):
         inside = [(m, w) for t, m, w in list(self.samples) if t0 <= t <= t1]
@@ -99,6 +106,9 @@ def main():
             out, lse = forward(q, k, v, causal)
             flops = 2.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
             orders = [o for o in schedules_for(causal) if not a.orders or o in a.orders.split(",")]
+            if not orders:
+                raise SystemExit(f"--orders {a.orders!r}: none of them runs at a {mask} mask "
+                                 f"(orders: {', '.join(schedules_for(causal))})")
             rows = {o: [] for o in orders}
             for _ in range(a.rounds):
                 for o in orders:

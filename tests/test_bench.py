@@ -644,6 +644,10 @@ def test_a_value_given_twice_is_refused(capsys):
                          "seqlen = 16384 tokens)"),
     (["--seqlens=-512,3000,2048"], "--seqlens '-512,3000,2048': -512, 3000 not allowed; allowed: the divisors of "
                                    "16384"),
+    (["--hdims", "0,0"], "--hdims '0,0': 0 not allowed;"),   # each bad value named once
+    # --quick runs its own points: the flags were dropped without a word
+    (["--quick", "--hdims", "999"], "--quick runs its own points: drop --hdims / --seqlens"),
+    (["--quick", "--seqlens", "2048"], "--quick runs its own points: drop --hdims / --seqlens"),
 ])
 def test_a_bad_list_value_is_refused_naming_flag_value_and_allowed(argv, message, capsys):
     assert cli.main(["--device", "cpu", *argv]) == 2   # refused before anything else is asked
@@ -965,7 +969,7 @@ def test_the_documented_targets_are_the_ones_the_report_judges():
     # past torch.manual_seed's 2**64-1: it failed at the first point, with --out already made
     (["--seed", str(2 ** 70)], f"--seed {2 ** 70}: must be an int in 0..2**63-1 (it is also the dropout seed"),
     (["--seed", str(2 ** 63)], f"--seed {2 ** 63}: must be an int in 0..2**63-1"),   # the API's dropout_seed
-    (["--hdims", "x"], "--tiny runs its own miniature points: drop --hdims / --seqlens"),
+    (["--hdims", "x"], "--tiny runs its own points: drop --hdims / --seqlens"),
     (["--from-json", "/nonexistent/results.json"], "--from-json /nonexistent/results.json: No such file"),
     (["--from-json", ","], "--from-json ',' is empty: give a comma list of results files"),
     (["--from-json", ""], "--from-json '' is empty: give a comma list of results files"),

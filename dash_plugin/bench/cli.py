@@ -32,7 +32,7 @@ def _comma_list(text: str, name: str, convert=str, what: str = "names", allowed=
         raise ValueError(f"{name} {text!r} is empty: give a comma list of {what}")
     if allowed is not None:
         test, description = allowed
-        bad = [str(x) for x in items if not test(x)]
+        bad = list(dict.fromkeys(str(x) for x in items if not test(x)))   # each bad value once
         if bad:
             raise ValueError(f"{name} {text!r}: {', '.join(bad)} not allowed; allowed: {description}")
     twice = sorted({str(x) for x in items if items.count(x) > 1})
@@ -126,8 +126,9 @@ def _check_flags(args):
     if not 0 <= args.seed <= INT64_MAX:
         raise ValueError(f"--seed {args.seed}: must be an int in 0..2**63-1 (it is also the dropout seed, which "
                          "the API takes in that range)")
-    if args.tiny and (args.hdims is not None or args.seqlens is not None):
-        raise ValueError("--tiny runs its own miniature points: drop --hdims / --seqlens")
+    for preset, on in (("--tiny", args.tiny), ("--quick", args.quick)):
+        if on and (args.hdims is not None or args.seqlens is not None):
+            raise ValueError(f"{preset} runs its own points: drop --hdims / --seqlens")
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"--out {args.out}: exists and is not a folder")
     table = args.write_auto_table

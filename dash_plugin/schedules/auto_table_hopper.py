@@ -72,7 +72,9 @@ RULES = [
                'tiles: hdim64 s=1024 ascending 265.4, spt 256.8, descending 248.9)'},
     # Head dim 56 (hdim 64's tiles, 8 padded columns) beyond 4k: the causal symmetric shift, at every
     # head count measured (28-40, MHA and GQA 4:1); at hdim 64 spt leads at the same head counts, so
-    # it is the padding, not the head count (docs/benchmarks/hdim56-heads-2026-11-26-h100/).
+    # it is the padding, not the head count (docs/benchmarks/hdim56-heads-2026-11-26-h100/). Measured
+    # at 8k and 16k, taken from past 4k (arrival's bound); an odd count of KV tiles (e.g. 8,256 tokens)
+    # runs shift's fallback, descending (5-6 % behind shift at 8k, 2-5 % at 16k).
     {'mask': 'causal', 'head_dim_min': 49, 'head_dim_max': 56, 'schedule': 'shift',
      'source': 'measured H100 hdim56 causal s=8k/16k, median of 3 interleaved rounds, heads 28/32/36/40: '
                'shift 393.0/403.7, 403.8/426.5, 389.8/408.9, 388.7/401.8; spt 365.2/366.3, 383.8/370.9, '

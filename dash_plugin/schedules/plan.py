@@ -228,8 +228,8 @@ def _plan_cached(shape: AttentionShape, spec: registry.ScheduleSpec, block_m, bl
     cyclic = group > 1
     if cyclic and concurrent and resident < group:
         raise ResidencyError(f"the schedule waits cyclically inside groups of {group} programs, but this GPU "
-                             f"holds {resident} at once (under MPS: the share of its SMs the process's active-thread "
-                             f"percentage leaves): pick 'descending' or 'ascending'")
+                             f"holds {resident} at once (under MPS: the SMs the process's active-thread percentage "
+                             f"leaves): pick 'descending' or 'ascending'")
     return LaunchPlan(
         shape, spec, block_m, block_n, schedule, tables=tables, worker_order=_worker_order(tables),
         group_size=group, slots=max(tables.max_workers, 1), persistent=cyclic and options.persistent_cyclic,
