@@ -252,6 +252,15 @@ def main():
     ap.add_argument("--no-fa4", action="store_true", help="time stage: leave out FA4's columns")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
+    heads = [int(x) for x in a.heads.split(",") if x]
+    orders = [x for x in a.orders.split(",") if x]
+    # Refused before any GPU work: a typo ran no order in silence, and a head count the GQA ratio
+    # does not divide made every cell an error.
+    unknown = sorted(set(orders) - set(schedules_for(True)))
+    if unknown:
+        ap.error(f"--orders: {', '.join(unknown)} not an order of this backend ({', '.join(schedules_for(True))})")
+    if any(h % a.gqa for h in heads):
+        ap.error(f"--heads {a.heads}: each must be a multiple of --gqa {a.gqa}")
     env = gpu_environment()
     print(env, flush=True)
     results = {"env": env, "check": [], "det": [], "time": []}
@@ -264,8 +273,7 @@ def main():
         if "time" in stages:
             stage_time(results, [int(x) for x in a.hdims.split(",")], [int(x) for x in a.seqlens.split(",")], a.gqa,
                        a.masks.split(","), a.repeat, not a.no_triton,
-                       [int(x) for x in a.heads.split(",") if x], [x for x in a.orders.split(",") if x],
-                       not a.no_fa4)
+                       heads, orders, not a.no_fa4)
     finally:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, f"hopper_bwd_{'_'.join(stages)}.json"), "w") as f:

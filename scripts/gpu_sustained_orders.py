@@ -95,6 +95,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
+    unknown = sorted(set(x for x in a.orders.split(",") if x) - set(schedules_for(True)))
+    if unknown:
+        ap.error(f"--orders: {', '.join(unknown)} not an order of this backend ({', '.join(schedules_for(True))})")
     results = {"env": gpu_environment(), "seconds": a.seconds, "points": []}
     print(results["env"], flush=True)
     with PowerSampler() as power:
