@@ -74,7 +74,7 @@ RULES = [
     # head count measured (28-40, MHA and GQA 4:1); at hdim 64 spt leads at the same head counts, so
     # it is the padding, not the head count (docs/benchmarks/hdim56-heads-2026-11-26-h100/). Measured
     # at 8k and 16k, taken from past 4k (arrival's bound); an odd count of KV tiles (e.g. 8,256 tokens)
-    # runs shift's fallback, descending (5-6 % behind shift at 8k, 2-5 % at 16k).
+    # runs shift's fallback, descending (3-5 % behind shift at 8k, 2-5 % at 16k).
     {'mask': 'causal', 'head_dim_min': 49, 'head_dim_max': 56, 'schedule': 'shift',
      'source': 'measured H100 hdim56 causal s=8k/16k, median of 3 interleaved rounds, heads 28/32/36/40: '
                'shift 393.0/403.7, 403.8/426.5, 389.8/408.9, 388.7/401.8; spt 365.2/366.3, 383.8/370.9, '
@@ -134,7 +134,7 @@ RULES = [
     # Beyond 8k descending: ahead of ascending in all 11 measurements of 2026-11-26 at 16k, by
     # 0.3-8 %, though its rounds ran at lower SM clocks than ascending's; under sustained load at the
     # power cap (docs/benchmarks/sustained-orders-2026-11-26-h100/) the fastest order at hdim 128 and
-    # 176 full 16k, and at 8k every order within 1 % at hdim 128 and 64.
+    # 176 full 16k, and at 8k every order within 1 % at hdim 128, within 1.6 % at hdim 64.
     {'mask': 'full', 'schedule': 'descending',
      'source': 'measured H100 full s=16k (docs/benchmarks/auto-head-dims-2026-11-26-h100/): descending / '
                'ascending hdim128 596.2/550.8 and 587.0/584.6 (two runs), GQA 4:1 590.9/550.7; hdim64 '
