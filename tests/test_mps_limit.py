@@ -17,7 +17,9 @@ CUDA = torch.device("cuda", 0)
 
 def test_the_backends_plan_for_the_sms_cuda_reports(monkeypatch):
     """Under MPS, CUDA reports the SMs the active-thread percentage leaves as the device's SM count
-    (54 of an H100's 132 at 40 %); both backends take it as it is."""
+    (at 40 %, about two fifths of an H100's 132); both backends take it as it is, with the variable
+    set or not (reading it again would apply the limit twice)."""
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40")
     from dash_plugin.kernels import triton_backend
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(
         multi_processor_count=54))
