@@ -5,20 +5,24 @@ import torch
 
 from . import checks, config, dispatch, ops
 from .schedules.builders import is_fallback
+from .schedules.registry import AUTO
 
 
-def _plan_fallback(backend: str, schedule: str, q_meta, k_meta, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                   max_seqlen_k, causal, window_left, window_right, softcap, dropout_p) -> str:
+def _plan_fallback(backend: str, asked: str, schedule: str, q_meta, k_meta, cu_seqlens_q, cu_seqlens_k,
+                   max_seqlen_q, max_seqlen_k, causal, window_left, window_right, softcap, dropout_p) -> str:
     """The fallback order the backward's launch plan runs where `schedule` does not apply to the
-    call's shape ("" where it does, and for unordered schedules and backends without plans). Asked
-    by last_resolved(), so calls nobody asks about build nothing here; the inputs are stand-ins of
-    the call's shape, dtype and device (stride 0: no memory)."""
+    call's shape, or where `auto` (`asked`) traded its table's cyclic pick for it ("" where neither,
+    and for unordered schedules and backends without plans). Asked by last_resolved(), so calls
+    nobody asks about build nothing here; the inputs are stand-ins of the call's shape, dtype and
+    device (stride 0: no memory)."""
     q, k = (torch.empty((), dtype=dtype, device=device).expand(shape) for shape, dtype, device in (q_meta, k_meta))
-    variants = dispatch.plan_variants(
-        q, k, schedule=schedule, backend=backend, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, window_left=window_left,
-        window_right=window_right, softcap=softcap, dropout_p=dropout_p)
-    return "; ".join(v for v in variants if is_fallback(v))
+    kw = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+              max_seqlen_k=max_seqlen_k, causal=causal, window_left=window_left, window_right=window_right,
+              softcap=softcap, dropout_p=dropout_p)
+    notes = [v for v in dispatch.plan_variants(q, k, schedule=schedule, backend=backend, **kw) if is_fallback(v)]
+    if asked == AUTO:
+        notes.insert(0, dispatch.auto_trade_note(backend, schedule, q, **kw))
+    return "; ".join(n for n in notes if n)
 
 
 def _draw_seed() -> int:
@@ -82,8 +86,9 @@ def flash_attention(q, k, v, *, causal=False, softmax_scale=None, window=(-1, -1
     chosen = runs_on.name
     # (function, arguments) run only if last_resolved() is asked: one flat tuple on the call's path
     plan = None if torch.compiler.is_compiling() else (
-        _plan_fallback, chosen, concrete, (q.shape, q.dtype, q.device), (k.shape, k.dtype, k.device), cu_seqlens_q,
-        cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, left, right, float(softcap), float(dropout_p))
+        _plan_fallback, chosen, resolved.schedule, concrete, (q.shape, q.dtype, q.device),
+        (k.shape, k.dtype, k.device), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, left, right,
+        float(softcap), float(dropout_p))
     config._remember(resolved, plan, concrete_schedule=concrete, concrete_backend=chosen,
                      backend_passed_over=passed_over)
 

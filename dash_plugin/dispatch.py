@@ -57,11 +57,7 @@ def resolve(backend: str, schedule: str, q, k, *, head_dim=None, **kw):
         return chosen, schedule, passed_over
     passed_over = []
     for name in backends.candidates(backend, q.device.type):
-        concrete = auto.choose_schedule(
-            causal=bool(kw.get("causal", False)), head_dim=q.shape[-1], seqlen_q=kw["max_seqlen_q"],
-            seqlen_k=kw["max_seqlen_k"], window_left=kw.get("window_left", -1),
-            window_right=kw.get("window_right", -1), varlen=kw.get("cu_seqlens_q") is not None, backend=name)
-        concrete = _held_at_once(name, q.device, concrete, bool(kw.get("causal", False)))
+        concrete = _held_at_once(name, q.device, table_pick(name, q, **kw), bool(kw.get("causal", False)))
         spec, req = request(q, k, concrete, **kw)
         if backend != backends.AUTO:   # named: it runs its own choice or says why not
             return backends.choose_explained(name, req, spec.backends)[0], concrete, ()
@@ -70,6 +66,25 @@ def resolve(backend: str, schedule: str, q, k, *, head_dim=None, **kw):
             return backends.get(name), concrete, tuple(passed_over)
         passed_over.append(f"{name}: {why}")
     raise ValueError(f"backend='auto': no backend runs this call ({'; '.join(passed_over)})")
+
+
+def table_pick(backend_name: str, q, **kw) -> str:
+    """The order backend `backend_name`'s `auto` table names for a call (keywords as `resolve`)."""
+    return auto.choose_schedule(
+        causal=bool(kw.get("causal", False)), head_dim=q.shape[-1], seqlen_q=kw["max_seqlen_q"],
+        seqlen_k=kw["max_seqlen_k"], window_left=kw.get("window_left", -1),
+        window_right=kw.get("window_right", -1), varlen=kw.get("cu_seqlens_q") is not None, backend=backend_name)
+
+
+def auto_trade_note(backend_name: str, concrete: str, q, **kw) -> str:
+    """Why `auto` ran `concrete` instead of its table's pick ("" where it ran the pick): for
+    last_resolved().describe(), asked only there."""
+    pick = table_pick(backend_name, q, **kw)
+    if pick == concrete:
+        return ""
+    held = backends.get(backend_name).device_props(q.device).resident_programs
+    return (f"{concrete} instead of the table's {pick}, whose cyclic groups need up to {MAX_GROUP} "
+            f"programs at once where this device holds {held} (under MPS, the process's share)")
 
 
 def _held_at_once(backend_name: str, device, schedule: str, causal: bool) -> str:

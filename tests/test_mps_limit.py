@@ -90,3 +90,29 @@ def test_a_backend_that_does_not_import_is_passed_over_as_before(monkeypatch):
         runs_on, _, passed_over = dispatch.resolve("auto", "auto", q, q, max_seqlen_q=4096, max_seqlen_k=4096,
                                                    causal=causal)
         assert runs_on.name != "hopper" and passed_over == ("hopper: does not import (test)",)
+
+
+@pytest.mark.parametrize("resident, ran, want", [
+    (54, "descending", "descending instead of the table's arrival, whose cyclic groups need up to 64 programs at "
+                       "once where this device holds 54 (under MPS, the process's share)"),
+    (132, "arrival", ""),
+])
+def test_describe_says_why_auto_ran_another_order(monkeypatch, resident, ran, want):
+    """last_resolved().describe() names the trade: 'auto -> descending' alone would read as the
+    table's choice."""
+    monkeypatch.setattr(hopper_backend, "_device_props", lambda device: DeviceProps(resident))
+    q = types.SimpleNamespace(device=CUDA, dtype=torch.bfloat16, shape=(1, 4096, 16, 128))
+    assert dispatch.auto_trade_note("hopper", ran, q, max_seqlen_q=4096, max_seqlen_k=4096, causal=True) == want
+
+
+def test_a_named_order_is_no_trade(monkeypatch):
+    """The API asks for the note only where the call asked for `auto`; a named `descending` that
+    the table would not pick is the caller's choice."""
+    from dash_plugin import api
+    seen = []
+    monkeypatch.setattr(dispatch, "auto_trade_note", lambda *a, **kw: seen.append(a) or "traded")
+    monkeypatch.setattr(dispatch, "plan_variants", lambda *a, **kw: ())
+    meta = ((1, 64, 2, 16), torch.float32, torch.device("cpu"))
+    args = (meta, meta, None, None, 64, 64, True, -1, 0, 0.0, 0.0)
+    assert api._plan_fallback("reference", "descending", "descending", *args) == ""
+    assert api._plan_fallback("reference", "auto", "descending", *args) == "traded" and len(seen) == 1
