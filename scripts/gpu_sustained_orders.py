@@ -13,11 +13,8 @@ power for the same work is slower at the cap, whoever wins a short window.
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
 
 import torch
@@ -25,46 +22,24 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_hopper_bwd import forward, gpu_environment, make, ours, schedules_for  # noqa: E402
 
-from dash_plugin.bench.clocks import _gpu_selector  # noqa: E402
+from dash_plugin.bench.clocks import ClockMonitor  # noqa: E402
 
 
-class PowerSampler:
-    """(monotonic time, SM MHz, board watts) every 50 ms from nvidia-smi while open."""
+def parse_power(line: str):
+    """(SM MHz, board watts) of one `clocks.sm,power.draw` line, or None for one without them."""
+    try:
+        mhz, watts = (float(x) for x in line.split(","))
+    except ValueError:
+        return None
+    return mhz, watts
 
-    def __init__(self):
-        self.samples = []
 
-    def __enter__(self):
-        smi = shutil.which("nvidia-smi")
-        if smi is None:
-            raise SystemExit("nvidia-smi not found: this script reads the clock and the power from it")
-        # The PCI address, as ClockMonitor does: nvidia-smi's index ignores CUDA_VISIBLE_DEVICES.
-        cmd = [smi, "-i", _gpu_selector(torch.device("cuda", torch.cuda.current_device())),
-               "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-        return self
-
-    def _read(self):
-        for line in self._proc.stdout:
-            try:
-                mhz, watts = (float(x) for x in line.split(","))
-            except ValueError:
-                continue
-            self.samples.append((time.monotonic(), mhz, watts))
-
-    def __exit__(self, *exc):
-        self._proc.terminate()
-        self._proc.wait(timeout=5)
-        self._thread.join(timeout=5)
-        self._proc.stdout.close()
-
-    def between(self, t0, t1):
-        inside = [(m, w) for t, m, w in list(self.samples) if t0 <= t <= t1]
-        if not inside:
-            return None, None
-        return statistics.median(m for m, _ in inside), statistics.mean(w for _, w in inside)
+def between(samples, t0, t1):
+    """Median SM MHz and mean watts of the samples between two monotonic instants (None, None: none)."""
+    inside = [(m, w) for t, m, w in list(samples) if t0 <= t <= t1]
+    if not inside:
+        return None, None
+    return statistics.median(m for m, _ in inside), statistics.mean(w for _, w in inside)
 
 
 def sustained(fn, seconds):
@@ -100,7 +75,10 @@ def main():
         ap.error(f"--orders: {', '.join(unknown)} not an order of this backend ({', '.join(schedules_for(True))})")
     results = {"env": gpu_environment(), "seconds": a.seconds, "points": []}
     print(results["env"], flush=True)
-    with PowerSampler() as power:
+    device = torch.device("cuda", torch.cuda.current_device())
+    with ClockMonitor(device, query="clocks.sm,power.draw", parse=parse_power) as power:
+        if power.reason:
+            raise SystemExit(f"no clock and power samples: {power.reason}")
         for point in a.points.split(","):
             d, mask, s, *gqa = point.split(":")
             d, s, causal, gqa = int(d), int(s), mask == "causal", int(gqa[0]) if gqa else 1
@@ -118,7 +96,7 @@ def main():
                     fn = lambda o=o: ours(o, q, k, v, out, lse, do, causal)  # noqa: E731
                     fn()   # compiled before the clock starts
                     ms, t0, t1 = sustained(fn, a.seconds)
-                    mhz, watts = power.between(t0, t1)
+                    mhz, watts = between(power.samples, t0, t1)
                     rows[o].append({"tflops": round(flops / ms / 1e9, 1), "ms": round(ms, 4), "sm_mhz": mhz,
                                     "watts": watts and round(watts, 1),
                                     "joules_per_bwd": watts and round(watts * ms / 1e3, 4)})

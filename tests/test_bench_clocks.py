@@ -47,6 +47,21 @@ def test_the_monitor_samples_a_command_until_closed():
     assert monitor.describe() == {"interval_ms": 50, "samples": 3, "reason": None}
 
 
+def test_the_monitor_samples_other_fields_with_its_own_parser(monkeypatch):
+    """The query and the parser are the caller's (scripts/gpu_sustained_orders.py reads the power)."""
+    monkeypatch.setattr(clocks.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(clocks, "_gpu_selector", lambda device: "00000000:01:00.0")
+    monitor = clocks.ClockMonitor(torch.device("cuda"), query="clocks.sm,power.draw", parse=lambda line: (line,))
+    assert "--query-gpu=clocks.sm,power.draw" in monitor._default_command()
+    power = ("import time\nprint('1500, 650.5', flush=True)\ntime.sleep(30)\n")
+    with clocks.ClockMonitor(torch.device("cuda"), command=[sys.executable, "-c", power],
+                             parse=lambda line: tuple(float(x) for x in line.split(","))) as monitor:
+        deadline = time.monotonic() + 20
+        while not monitor.samples and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert [sample[1:] for sample in monitor.samples] == [(1500.0, 650.5)]
+
+
 def _monitor_a_sampler_that_quits():
     """A monitor closed after its sampler printed one sample and exited with status 3."""
     quits = "print('1650, 0x4', flush=True)\nraise SystemExit(3)\n"

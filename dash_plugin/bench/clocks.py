@@ -66,10 +66,14 @@ NOT_CUDA = "not a CUDA device"   # the reason a monitor of another device gives 
 
 class ClockMonitor:
     """Samples the SM clock of `device` every `interval_ms` while open (a context manager).
-    `reason` is None while it records, else why it does not (or stopped early)."""
+    `reason` is None while it records, else why it does not (or stopped early). `query` and
+    `parse` (a line to a tuple of values, or None) sample other fields (a script reads the power);
+    `window` reads only the default ones."""
 
-    def __init__(self, device, interval_ms: int = 50, command: Optional[list] = None):
-        self.samples: list[tuple[float, int, int]] = []
+    def __init__(self, device, interval_ms: int = 50, command: Optional[list] = None, query: str = QUERY,
+                 parse=parse_sample):
+        self.samples: list[tuple] = []   # (monotonic time, *parse(line))
+        self._query, self._parse = query, parse
         self.reason: Optional[str] = None
         self._command = command
         self._interval_ms = interval_ms
@@ -103,12 +107,12 @@ class ClockMonitor:
         if selector is None:
             self.reason = "torch does not report the GPU's PCI address"
             return None
-        return [smi, "-i", selector, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+        return [smi, "-i", selector, f"--query-gpu={self._query}", "--format=csv,noheader,nounits",
                 "-lms", str(self._interval_ms)]
 
     def _read(self):
         for line in self._proc.stdout:
-            sample = parse_sample(line)
+            sample = self._parse(line)
             if sample is not None:
                 self.samples.append((time.monotonic(), *sample))
 
